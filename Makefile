@@ -1,0 +1,47 @@
+# Two set-up commands for a newcomer: `make demo` and `make test`. Both create .venv when missing and install
+# the project once; the install is skipped while pyproject.toml is unchanged (the stamp file), and pip reuses
+# its cached llama-cpp-python wheel, so the ~5-20 minute llama.cpp build happens once per machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.nexus-installed
+UNAME := $(shell uname -s)
+# MLX's Linux CPU wheel bundles the reference BLAS (~30x slower matmuls); native/blas.py loads this one instead.
+OPENBLAS := /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3
+
+.PHONY: demo test test-fast install clean-venv system-deps
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(MAKE) --no-print-directory system-deps
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $(STAMP)
+
+system-deps:
+ifeq ($(UNAME),Linux)
+	@if [ ! -e $(OPENBLAS) ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing OpenBLAS (libopenblas0-pthread) for MLX on CPU"; \
+	    (apt-get update -qq && apt-get install -y -qq libopenblas0-pthread >/dev/null) \
+	      || echo "warning: OpenBLAS install failed; MLX on CPU will use its slow reference BLAS"; \
+	  else \
+	    echo "warning: $(OPENBLAS) missing; install libopenblas0-pthread for fast MLX on CPU"; \
+	  fi; \
+	fi
+endif
+
+demo: $(STAMP)
+	$(VENV)/bin/nexus demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Reproducible benchmarks: each prints a table, writes JSON and can draw a plot."""

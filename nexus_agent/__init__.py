@@ -1,0 +1,1 @@
+"""The Nexus agent loop and the `nexus` command line."""

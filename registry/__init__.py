@@ -1,0 +1,1 @@
+"""Registry of MCP tool schemas: sources, validation, SQLite store, compressed signatures."""

@@ -1,0 +1,195 @@
+"""A client for MCP stdio servers: start one from its recorded command, list its tools, call them.
+
+`ToolClient` is the async form (an async context manager over the SDK's `stdio_client` + `ClientSession`);
+`SyncToolClient` runs one in a background event loop for synchronous callers such as the agent loop;
+`list_server_tools` is the one-shot form used by registration. Every network-shaped step has a timeout in
+seconds, and a server that exits or never answers becomes a `ServerError` quoting its last stderr lines.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_TIMEOUT_S = 20.0
+PASSED_ENV = ("PYTHONPATH", "NEXUS_HOME", "VIRTUAL_ENV", "TMPDIR")
+
+
+class ServerError(RuntimeError):
+    """An MCP server could not be started, did not answer in time, or broke the protocol."""
+
+
+@dataclass
+class ServerCommand:
+    """How to start a stdio server: argv, working folder, extra environment variables."""
+
+    argv: list[str]
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, command: str, cwd: str | None = None) -> "ServerCommand":
+        """From a shell-style command line. A bare `python`/`python3` means this interpreter, so bundled
+        servers run in the same environment as Nexus."""
+        argv = shlex.split(command)
+        if not argv:
+            raise ValueError("empty server command; pass e.g. --server 'python -m registry.servers.calculator'")
+        if argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+        return cls(argv=argv, cwd=cwd, env=env)
+
+
+@dataclass
+class CallResult:
+    """A tool call's outcome: text content joined, structured content if any, and the server's error flag."""
+
+    text: str
+    structured: Any = None
+    is_error: bool = False
+
+
+class ToolClient:
+    """`async with ToolClient(cmd) as c: await c.list_tools(); await c.call_tool(name, args)`."""
+
+    def __init__(self, command: ServerCommand | str, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.command = ServerCommand.parse(command) if isinstance(command, str) else command
+        self.timeout_s = timeout_s
+        self.server_name: str | None = None
+        self._stack = None
+        self._session = None
+        self._errlog = None
+
+    async def __aenter__(self) -> "ToolClient":
+        import anyio
+        from contextlib import AsyncExitStack
+
+        from mcp import ClientSession, StdioServerParameters
+        from mcp.client.stdio import stdio_client
+
+        params = StdioServerParameters(
+            command=self.command.argv[0], args=self.command.argv[1:], cwd=self.command.cwd, env=self.command.env
+        )
+        self._errlog = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+        self._stack = AsyncExitStack()
+        try:
+            # The transport and session open task groups: enter them outside the timeout scope.
+            read, write = await self._stack.enter_async_context(stdio_client(params, errlog=self._errlog))
+            self._session = await self._stack.enter_async_context(ClientSession(read, write))
+            with anyio.fail_after(self.timeout_s):
+                init = await self._session.initialize()
+        except BaseException as e:
+            await self._abort()
+            raise self._error("start", e) from e
+        self.server_name = init.server_info.name
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._abort()
+
+    async def _abort(self) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            try:
+                await stack.aclose()
+            except Exception:
+                pass  # the server is already gone; nothing to clean up that we can act on
+
+    def _error(self, what: str, e: BaseException) -> ServerError:
+        cmd = shlex.join(self.command.argv)
+        if isinstance(e, TimeoutError):
+            reason = f"no answer within {self.timeout_s:g} s (raise --timeout if the server is just slow)"
+        else:
+            reason = f"{type(e).__name__}: {e}"
+        tail = ""
+        if self._errlog is not None:
+            self._errlog.seek(0)
+            lines = [ln for ln in self._errlog.read().splitlines() if ln.strip()][-5:]
+            if lines:
+                tail = "\n  server stderr:\n    " + "\n    ".join(lines)
+        return ServerError(f"MCP server `{cmd}` failed to {what}: {reason}{tail}")
+
+    async def list_tools(self, page_limit: int = 1000) -> list[dict[str, Any]]:
+        """All tools as MCP JSON dicts (camelCase), following `nextCursor` pages."""
+        import anyio
+        import mcp_types as types
+
+        tools: list[dict[str, Any]] = []
+        cursor: str | None = None
+        try:
+            with anyio.fail_after(self.timeout_s):
+                for _ in range(page_limit):
+                    params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                    result = await self._session.list_tools(params=params)
+                    tools += [t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in result.tools]
+                    cursor = result.next_cursor
+                    if not cursor:
+                        return tools
+        except Exception as e:
+            raise self._error("list its tools", e) from e
+        raise self._error("list its tools", RuntimeError(f"more than {page_limit} pages"))
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], timeout_s: float | None = None) -> CallResult:
+        """Call tool `name`; a tool-level failure comes back as `is_error=True`, a transport failure raises."""
+        import anyio
+
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            with anyio.fail_after(timeout):
+                result = await self._session.call_tool(name, arguments)
+        except Exception as e:
+            raise self._error(f"answer a call to {name!r}", e) from e
+        text = "\n".join(getattr(c, "text", "") for c in result.content)
+        return CallResult(text=text, structured=result.structured_content, is_error=bool(result.is_error))
+
+
+def list_server_tools(command: ServerCommand | str, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[str, list[dict]]:
+    """Start the server, list all its tools, stop it. Returns (server name from its handshake, tools)."""
+    import anyio
+
+    async def run():
+        async with ToolClient(command, timeout_s) as client:
+            return client.server_name, await client.list_tools()
+
+    return anyio.run(run)
+
+
+class SyncToolClient:
+    """A blocking facade over ToolClient (its event loop lives in a background thread). Close it, or use it
+    as a context manager; `close()` is idempotent."""
+
+    def __init__(self, command: ServerCommand | str, timeout_s: float = DEFAULT_TIMEOUT_S):
+        from anyio.from_thread import start_blocking_portal
+
+        self._portal_cm = start_blocking_portal()
+        self._portal = self._portal_cm.__enter__()
+        self._client_cm = self._portal.wrap_async_context_manager(ToolClient(command, timeout_s))
+        try:
+            self.client: ToolClient = self._client_cm.__enter__()
+        except BaseException:
+            self._portal_cm.__exit__(None, None, None)
+            raise
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        return self._portal.call(self.client.list_tools)
+
+    def call_tool(self, name: str, arguments: dict[str, Any], timeout_s: float | None = None) -> CallResult:
+        return self._portal.call(self.client.call_tool, name, arguments, timeout_s)
+
+    def close(self) -> None:
+        if self._portal_cm is not None:
+            try:
+                self._client_cm.__exit__(None, None, None)
+            finally:
+                self._portal_cm.__exit__(None, None, None)
+                self._portal_cm = None
+
+    def __enter__(self) -> "SyncToolClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,79 @@
+"""Notes MCP server: short notes kept in SQLite (`--db FILE`, default `$NEXUS_HOME/notes.sqlite`)."""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+
+from registry.decorator import tool
+from registry.servers.runtime import ToolInputError, handlers_from_functions, serve
+
+DB: sqlite3.Connection | None = None  # set by main()
+
+
+def _db() -> sqlite3.Connection:
+    assert DB is not None, "notes server not started through main()"
+    return DB
+
+
+def _row(r) -> dict:
+    return {"id": r[0], "title": r[1], "body": r[2], "tags": [t for t in r[3].split(",") if t]}
+
+
+@tool
+def add_note(title: str, body: str, tags: list[str] | None = None) -> dict:
+    """Save a new note and return its id."""
+    with _db():
+        cur = _db().execute("INSERT INTO notes(title, body, tags) VALUES (?,?,?)", (title, body, ",".join(tags or [])))
+    return {"id": cur.lastrowid}
+
+
+@tool
+def get_note(note_id: int) -> dict:
+    """Fetch one note by id."""
+    r = _db().execute("SELECT id, title, body, tags FROM notes WHERE id = ?", (note_id,)).fetchone()
+    if r is None:
+        raise ToolInputError(f"no note with id {note_id}; search_notes lists ids")
+    return _row(r)
+
+
+@tool
+def search_notes(query: str = "", tag: str | None = None) -> dict:
+    """Find notes whose title or body contains text, optionally with a tag; ordered by id."""
+    rows = _db().execute(
+        "SELECT id, title, body, tags FROM notes WHERE (title LIKE ?1 OR body LIKE ?1) ORDER BY id", (f"%{query}%",)
+    ).fetchall()
+    notes = [_row(r) for r in rows]
+    return {"notes": [n for n in notes if tag is None or tag in n["tags"]]}
+
+
+@tool
+def delete_note(note_id: int) -> dict:
+    """Delete a note by id."""
+    with _db():
+        cur = _db().execute("DELETE FROM notes WHERE id = ?", (note_id,))
+    if cur.rowcount == 0:
+        raise ToolInputError(f"no note with id {note_id}")
+    return {"deleted": note_id}
+
+
+FUNCTIONS = [add_note, get_note, search_notes, delete_note]
+
+
+def main(argv: list[str] | None = None) -> None:
+    global DB
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", default=None, help="SQLite file (default: $NEXUS_HOME/notes.sqlite)")
+    args = parser.parse_args(argv)
+    if args.db is None:
+        from nexus_agent.home import home_path
+
+        args.db = str(home_path("notes.sqlite"))
+    DB = sqlite3.connect(args.db, timeout=30)
+    DB.execute("CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, title TEXT, body TEXT, tags TEXT)")
+    DB.commit()
+    serve("notes", handlers_from_functions(FUNCTIONS))
+
+
+if __name__ == "__main__":
+    main()

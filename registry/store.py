@@ -1,0 +1,297 @@
+"""The registry store: one SQLite file (WAL) holding servers, tools, schema versions and artefact freshness.
+
+Tables:
+- `servers(name, command, cwd, ...)`: how to start each registered MCP server again.
+- `tools(name, server, version, schema_hash, data)`: the current version of each tool (`data` is its JSON).
+- `tool_versions(tool, version, schema_hash, data)`: every version ever registered, for audit and rollback.
+- `artefacts(tool, kind, schema_hash)`: which schema hash a derived artefact of `kind` (e.g. "embedding",
+  "kv_block") was built from. A tool is stale for a kind when that row is missing or its hash differs from the
+  tool's current hash, so a schema change marks every artefact stale without touching this table.
+
+Every write is one `BEGIN IMMEDIATE` transaction, so concurrent writers from several processes serialize on
+SQLite's lock (with a busy timeout) instead of interleaving.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from registry.model import Tool, ToolValidationError, canonical_json
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS servers (
+    name TEXT PRIMARY KEY,
+    command TEXT NOT NULL,
+    cwd TEXT,
+    registered_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tools (
+    name TEXT PRIMARY KEY,
+    server TEXT REFERENCES servers(name) ON DELETE SET NULL,
+    version INTEGER NOT NULL,
+    schema_hash TEXT NOT NULL,
+    data TEXT NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tools_server ON tools(server);
+CREATE TABLE IF NOT EXISTS tool_versions (
+    tool TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    schema_hash TEXT NOT NULL,
+    data TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (tool, version)
+);
+CREATE TABLE IF NOT EXISTS artefacts (
+    tool TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    schema_hash TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (tool, kind)
+);
+"""
+
+
+@dataclass
+class RegisterReport:
+    """What one registration did: tool names per outcome, and the rejected tools with their errors."""
+
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)  # schema changed: version bumped, artefacts stale
+    unchanged: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)  # gone from the server's listing (prune=True only)
+    rejected: list[ToolValidationError] = field(default_factory=list)
+    server: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.rejected
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "added": self.added,
+            "updated": self.updated,
+            "unchanged": self.unchanged,
+            "removed": self.removed,
+            "rejected": [e.as_dict() for e in self.rejected],
+        }
+
+
+@dataclass
+class ServerRecord:
+    """A registered server: its name, the shell command that starts it, the folder to start it in."""
+
+    name: str
+    command: str
+    cwd: str | None
+    tool_count: int
+    registered_at: float
+    updated_at: float
+
+
+class RegistryStore:
+    """The SQLite registry. `path=None` uses `$NEXUS_HOME/registry.sqlite`. Close with `.close()` (idempotent)
+    or use it as a context manager."""
+
+    def __init__(self, path: str | Path | None = None, busy_timeout_s: float = 30.0):
+        if path is None:
+            from nexus_agent.home import home_path
+
+            path = home_path("registry.sqlite")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db: sqlite3.Connection | None = sqlite3.connect(
+            str(self.path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = NORMAL")
+        self._db.execute("PRAGMA foreign_keys = ON")
+        self._db.executescript(SCHEMA)  # idempotent; runs in its own implicit transaction
+
+    # -- plumbing -------------------------------------------------------------------------------------
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise ValueError(f"registry store {self.path} is closed")
+        return self._db
+
+    def _write(self):
+        return _Transaction(self.db)
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def __enter__(self) -> "RegistryStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- servers --------------------------------------------------------------------------------------
+    def upsert_server(self, name: str, command: str, cwd: str | None = None) -> None:
+        """Record how to start server `name` (a shell-style command line, run in `cwd`)."""
+        now = time.time()
+        with self._write():
+            self.db.execute(
+                "INSERT INTO servers(name, command, cwd, registered_at, updated_at) VALUES (?,?,?,?,?) "
+                "ON CONFLICT(name) DO UPDATE SET command=excluded.command, cwd=excluded.cwd, "
+                "updated_at=excluded.updated_at",
+                (name, command, cwd, now, now),
+            )
+
+    def list_servers(self) -> list[ServerRecord]:
+        rows = self.db.execute(
+            "SELECT s.name, s.command, s.cwd, COUNT(t.name), s.registered_at, s.updated_at FROM servers s "
+            "LEFT JOIN tools t ON t.server = s.name GROUP BY s.name ORDER BY s.name"
+        ).fetchall()
+        return [ServerRecord(*r) for r in rows]
+
+    def server_command(self, name: str) -> tuple[str, str | None] | None:
+        """(command, cwd) recorded for server `name`, or None if it is not registered."""
+        row = self.db.execute("SELECT command, cwd FROM servers WHERE name = ?", (name,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    # -- tools ----------------------------------------------------------------------------------------
+    def add_tools(self, tools: Iterable[Tool | dict], server: str | None = None, prune: bool = False) -> RegisterReport:
+        """Validate and store a batch of tools in one transaction; bad tools are reported, good ones kept.
+
+        A tool whose schema hash is unchanged is left alone (re-registering is idempotent); a changed hash
+        bumps the version and so makes every derived artefact stale. A name owned by another server is
+        rejected (remove it first). With `prune=True`, tools of `server` absent from this batch are removed.
+        """
+        report = RegisterReport(server=server)
+        valid: list[Tool] = []
+        seen: set[str] = set()
+        for item in tools:
+            try:
+                tool = Tool.from_mcp(item, server=server)
+            except ToolValidationError as e:
+                report.rejected.append(e)
+                continue
+            if tool.name in seen:
+                report.rejected.append(ToolValidationError(tool.name, "$.name", "unique-name", "listed twice in one batch"))
+                continue
+            seen.add(tool.name)
+            valid.append(tool)
+        rejected_names = {e.tool for e in report.rejected}
+        now = time.time()
+        with self._write():
+            for tool in valid:
+                row = self.db.execute("SELECT server, version, schema_hash FROM tools WHERE name = ?", (tool.name,)).fetchone()
+                if row is not None and row[0] != server:
+                    owner = f"server {row[0]!r}" if row[0] else "a file or function source"
+                    report.rejected.append(ToolValidationError(
+                        tool.name, "$.name", "unique-name",
+                        f"already registered by {owner}; run `nexus tools remove {tool.name}` first",
+                    ))
+                    continue
+                if row is not None and row[2] == tool.schema_hash:
+                    report.unchanged.append(tool.name)
+                    continue
+                version = 1 if row is None else row[1] + 1
+                data = canonical_json(tool.to_json())
+                self.db.execute(
+                    "INSERT INTO tools(name, server, version, schema_hash, data, updated_at) VALUES (?,?,?,?,?,?) "
+                    "ON CONFLICT(name) DO UPDATE SET version=excluded.version, schema_hash=excluded.schema_hash, "
+                    "data=excluded.data, updated_at=excluded.updated_at",
+                    (tool.name, server, version, tool.schema_hash, data, now),
+                )
+                self.db.execute(
+                    "INSERT OR REPLACE INTO tool_versions(tool, version, schema_hash, data, created_at) VALUES (?,?,?,?,?)",
+                    (tool.name, version, tool.schema_hash, data, now),
+                )
+                (report.added if row is None else report.updated).append(tool.name)
+            if prune and server is not None:
+                keep = seen | rejected_names
+                for (name,) in self.db.execute("SELECT name FROM tools WHERE server = ?", (server,)).fetchall():
+                    if name not in keep:
+                        self._delete(name)
+                        report.removed.append(name)
+        return report
+
+    def list_tools(self, server: str | None = None) -> list[Tool]:
+        """All current tools sorted by name (only those of `server` when given)."""
+        if server is None:
+            rows = self.db.execute("SELECT data FROM tools ORDER BY name").fetchall()
+        else:
+            rows = self.db.execute("SELECT data FROM tools WHERE server = ? ORDER BY name", (server,)).fetchall()
+        return [_load(r[0]) for r in rows]
+
+    def get_tool(self, name: str) -> Tool | None:
+        row = self.db.execute("SELECT data FROM tools WHERE name = ?", (name,)).fetchone()
+        return _load(row[0]) if row else None
+
+    def tool_version(self, name: str) -> int | None:
+        """The current version number of `name` (1 on first registration), or None."""
+        row = self.db.execute("SELECT version FROM tools WHERE name = ?", (name,)).fetchone()
+        return row[0] if row else None
+
+    def tool_count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM tools").fetchone()[0]
+
+    def remove_tool(self, name: str) -> None:
+        """Remove a tool, its version history and its artefact records. Raises KeyError if it is unknown."""
+        with self._write():
+            if not self._delete(name):
+                raise KeyError(f"no tool named {name!r} in {self.path}; see `nexus tools list`")
+
+    def _delete(self, name: str) -> bool:
+        cur = self.db.execute("DELETE FROM tools WHERE name = ?", (name,))
+        self.db.execute("DELETE FROM tool_versions WHERE tool = ?", (name,))
+        self.db.execute("DELETE FROM artefacts WHERE tool = ?", (name,))
+        return cur.rowcount > 0
+
+    # -- derived artefacts ----------------------------------------------------------------------------
+    def mark_fresh(self, tool_name: str, kind: str, schema_hash: str) -> None:
+        """Record that the artefact `kind` (e.g. "embedding", "kv_block") of `tool_name` was built from
+        `schema_hash`. Building from an outdated tool is allowed; it simply stays stale."""
+        with self._write():
+            self.db.execute(
+                "INSERT INTO artefacts(tool, kind, schema_hash, updated_at) VALUES (?,?,?,?) "
+                "ON CONFLICT(tool, kind) DO UPDATE SET schema_hash=excluded.schema_hash, updated_at=excluded.updated_at",
+                (tool_name, kind, schema_hash, time.time()),
+            )
+
+    def stale_tools(self, kind: str) -> list[Tool]:
+        """Tools whose `kind` artefact is missing or was built from another schema hash, sorted by name."""
+        rows = self.db.execute(
+            "SELECT t.data FROM tools t LEFT JOIN artefacts a ON a.tool = t.name AND a.kind = ? "
+            "WHERE a.schema_hash IS NULL OR a.schema_hash != t.schema_hash ORDER BY t.name",
+            (kind,),
+        ).fetchall()
+        return [_load(r[0]) for r in rows]
+
+
+class _Transaction:
+    """`BEGIN IMMEDIATE` ... `COMMIT` (or `ROLLBACK` on error) on an autocommit connection."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self):
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb):
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        return False
+
+
+def _load(data: str) -> Tool:
+    """A Tool from its stored JSON, without re-validating (it was validated on the way in)."""
+    d = json.loads(data)
+    return Tool.model_construct(
+        name=d["name"], title=d.get("title"), description=d.get("description") or "",
+        input_schema=d["inputSchema"], output_schema=d.get("outputSchema"), annotations=d.get("annotations"),
+        server=d.get("server"), schema_hash=d["schemaHash"],
+    )

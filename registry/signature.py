@@ -140,3 +140,27 @@ def required_names_present(tool: Tool, ir: str | None = None) -> bool:
     """Whether every required top-level parameter name appears in the IR as a parameter (`name:` / `name?:`)."""
     ir = compress(tool) if ir is None else ir
     return all(re.search(rf"[({{ ]{re.escape(name)}(?=[:?=,)}}])", ir) for name in tool.required)
+
+
+def ir_stats(tools: list[Tool], tokenizer=None) -> dict[str, float | int]:
+    """IR statistics: `tools`, `median_tokens` (SmolLM2 tokens unless another tokenizer with `.encode` is
+    given), `p90_tokens`, `max_tokens`, and `required_coverage` (share of tools whose required parameter
+    names all appear in the IR, 0..1)."""
+    import statistics
+
+    if tokenizer is None:
+        from native.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer()
+    if not tools:
+        return {"tools": 0, "median_tokens": 0, "p90_tokens": 0, "max_tokens": 0, "required_coverage": 1.0}
+    irs = [compress(t) for t in tools]
+    lengths = sorted(len(tokenizer.encode(ir)) for ir in irs)
+    covered = sum(required_names_present(t, ir) for t, ir in zip(tools, irs))
+    return {
+        "tools": len(tools),
+        "median_tokens": statistics.median(lengths),
+        "p90_tokens": lengths[min(len(lengths) - 1, int(0.9 * len(lengths)))],
+        "max_tokens": lengths[-1],
+        "required_coverage": covered / len(tools),
+    }

@@ -1,0 +1,176 @@
+"""`nexus register`, `nexus tools list|show|remove|stats`, `nexus servers list`: a thin layer over registry/.
+
+Listing commands take `--json` (machine-readable, on stdout); otherwise they print rich tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("register", help="register MCP tools from a server, a JSON/JSONL file or a bundled server")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--server", metavar="CMD", help='stdio server command line, e.g. "python -m registry.servers.catalog"')
+    src.add_argument("--file", metavar="PATH", help="JSON or JSONL file of MCP tool objects")
+    src.add_argument("--bundled", metavar="NAME", help="a bundled server: calculator, clock, files, notes, units, catalog")
+    p.add_argument("--name", help="server name to record (default: the name the server reports)")
+    p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for the server (default 20)")
+    p.add_argument("--json", action="store_true", help="print the registration report as JSON")
+    p.set_defaults(func=cmd_register)
+
+    tools = subparsers.add_parser("tools", help="inspect the registered tools").add_subparsers(dest="tools_command", required=True)
+    p = tools.add_parser("list", help="list registered tools")
+    p.add_argument("--server", help="only tools of this server")
+    p.add_argument("--json", action="store_true", help="print a JSON array of tool objects")
+    p.set_defaults(func=cmd_tools_list)
+    p = tools.add_parser("show", help="show one tool: IR, version, schema")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_tools_show)
+    p = tools.add_parser("remove", help="remove tools by name")
+    p.add_argument("names", nargs="+")
+    p.set_defaults(func=cmd_tools_remove)
+    p = tools.add_parser("stats", help="IR token lengths (SmolLM2) and required-parameter coverage")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_tools_stats)
+
+    servers = subparsers.add_parser("servers", help="inspect registered MCP servers").add_subparsers(dest="servers_command", required=True)
+    p = servers.add_parser("list", help="list registered servers and how to start them")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_servers_list)
+
+
+def _store():
+    from registry.store import RegistryStore
+
+    return RegistryStore()
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def cmd_register(args) -> int:
+    from registry.client import ServerError
+    from registry.servers import command_for
+    from registry.sources import register_file, register_server
+
+    with _store() as store:
+        try:
+            if args.file:
+                report = register_file(args.file, store)
+            else:
+                command = args.server or command_for(args.bundled)
+                report = register_server(command, store, timeout_s=args.timeout, name=args.name)
+        except ServerError as e:
+            print(f"nexus register: error: {e}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        where = f"server {report.server!r}" if report.server else "file"
+        print(
+            f"{where}: {len(report.added)} added, {len(report.updated)} updated (new version), "
+            f"{len(report.unchanged)} unchanged, {len(report.removed)} removed, {len(report.rejected)} rejected"
+        )
+        for e in report.rejected:
+            print(f"  rejected {e}", file=sys.stderr)
+    return 0 if report.ok else 3
+
+
+def cmd_tools_list(args) -> int:
+    from registry.signature import compress
+
+    with _store() as store:
+        tools = store.list_tools(server=args.server)
+    if args.json:
+        print(json.dumps([t.to_json() for t in tools], indent=1, ensure_ascii=False))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{len(tools)} tools")
+    for col in ("name", "server", "signature"):
+        table.add_column(col, overflow="fold")
+    for t in tools:
+        table.add_row(t.name, t.server or "-", compress(t).split(" — ")[0])
+    _console().print(table)
+    return 0
+
+
+def cmd_tools_show(args) -> int:
+    from registry.signature import compress
+
+    with _store() as store:
+        tool = store.get_tool(args.name)
+        version = store.tool_version(args.name)
+    if tool is None:
+        print(f"nexus tools show: no tool named {args.name!r}; see `nexus tools list`", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({**tool.to_json(), "version": version, "ir": compress(tool)}, indent=2, ensure_ascii=False))
+        return 0
+    from rich.syntax import Syntax
+
+    console = _console()
+    console.print(f"[bold]{tool.name}[/bold]  server={tool.server or '-'}  version={version}  hash={tool.schema_hash[:12]}")
+    console.print(f"IR: {compress(tool)}", markup=False)
+    console.print(tool.description, markup=False)
+    console.print(Syntax(json.dumps(tool.input_schema, indent=2), "json"))
+    return 0
+
+
+def cmd_tools_remove(args) -> int:
+    code = 0
+    with _store() as store:
+        for name in args.names:
+            try:
+                store.remove_tool(name)
+                print(f"removed {name}")
+            except KeyError as e:
+                print(f"nexus tools remove: {e.args[0]}", file=sys.stderr)
+                code = 1
+    return code
+
+
+def cmd_tools_stats(args) -> int:
+    from registry.signature import ir_stats
+
+    with _store() as store:
+        stats = ir_stats(store.list_tools())
+    if args.json:
+        print(json.dumps(stats))
+        return 0
+    from rich.table import Table
+
+    table = Table(title="compressed signatures (SmolLM2 tokens)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("tools", str(stats["tools"]))
+    table.add_row("IR median tokens", f"{stats['median_tokens']:g}")
+    table.add_row("IR p90 tokens", str(stats["p90_tokens"]))
+    table.add_row("IR max tokens", str(stats["max_tokens"]))
+    table.add_row("required params all in IR", f"{100 * stats['required_coverage']:.1f}%")
+    _console().print(table)
+    return 0
+
+
+def cmd_servers_list(args) -> int:
+    with _store() as store:
+        servers = store.list_servers()
+    if args.json:
+        print(json.dumps([vars(s) for s in servers], indent=1))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{len(servers)} servers")
+    for col in ("name", "tools", "command", "cwd"):
+        table.add_column(col, overflow="fold")
+    for s in servers:
+        table.add_row(s.name, str(s.tool_count), s.command, s.cwd or "-")
+    _console().print(table)
+    return 0

@@ -14,6 +14,8 @@ from pathlib import Path
 # name -> module; the module's docstring first line is the help text.
 EVALS: dict[str, str] = {
     "backends": "evals.backends",
+    "routing": "evals.routing",
+    "scan": "evals.scan",
 }
 
 

@@ -1,0 +1,229 @@
+"""Routing accuracy vs registry size: float32 and INT8 embedding top-1, gated + reranked routing.
+
+For every scored query and size N the registry is its gold tool plus N−1 distractors drawn from the
+catalogue with a seeded RNG. tau and the score floor are fitted per size on calibration queries (`--calib`,
+default the public queries minus any query being scored; when nothing is left, 2-fold cross-fitting split
+by gold tool: each fold is scored with thresholds fitted on the other). The reranker is trained on queries
+synthesized from the catalogue (plus calibration queries disjoint from the scored ones), never on scored
+queries, and reused from the Nexus home when it matches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "routing"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tools", default=str(DATA / "tools.jsonl"), help="catalogue: MCP tool objects, JSONL")
+    p.add_argument("--queries", default=str(DATA / "queries.jsonl"), help='scored queries {"query", "gold_tool"}')
+    p.add_argument("--irrelevant", default=None, help="prompts with no fitting tool (expected route: none)")
+    p.add_argument("--calib", default=None, help="labelled queries to fit tau/floor/reranker (default: public set)")
+    p.add_argument("--sizes", default="10,50,100,250")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target", type=float, default=0.97, help="auto-route precision target for tau")
+    p.add_argument("--floor-recall", type=float, default=0.95, help="share of relevant calib queries above the floor")
+    p.add_argument("--recipe", default="name_desc_params", help="tool text: name_desc | name_desc_params")
+    p.add_argument("--reranker", default=None, help="a CrossEncoder folder to use instead of training one")
+    p.add_argument("--train-steps", type=int, default=300)
+    p.add_argument("--max-queries", type=int, default=0, help="score only the first N queries (quick runs)")
+    p.add_argument("--k", type=int, default=10, help="candidates reranked")
+    p.add_argument("--plot", default=None, help="PNG path for accuracy vs size (default: next to --json)")
+    p.add_argument("--threads", type=int, default=1)
+
+
+def _jsonl(path: str) -> list[dict]:
+    return [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+
+
+def _fold(name: str) -> int:
+    return hashlib.sha256(name.encode()).digest()[0] % 2
+
+
+def _registry(rng, n_cat: int, gold: int | None, size: int):
+    """Indices into the catalogue: gold (if any) + size − 1 distractors, gold first."""
+    import numpy as np
+
+    size = min(size, n_cat)
+    pick = rng.choice(n_cat, size + 1, replace=False)
+    if gold is None:
+        return pick[:size]
+    return np.concatenate([[gold], pick[pick != gold][: size - 1]])
+
+
+def _scan_all(qv, golds, f32, m8, sc, size, seed, k):
+    """Per query: registry indices, float top-1, int8 top-k scores/ids (catalogue ids)."""
+    import numpy as np
+
+    from slb.scan import scan
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for q, g in zip(qv, golds):
+        idx = _registry(rng, len(f32), g, size)
+        top_f = int(idx[int(np.argmax(f32[idx] @ q))])
+        s, ids = scan(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx]), q, k)
+        out.append((top_f, s, idx[ids]))
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    import numpy as np
+    import torch
+
+    from slb.buffer import quantize_rows
+    from slb.embedder import Embedder, EmbedderConfig
+    from slb.gate import GateConfig, gate_stats, pick_floor, pick_tau
+    from slb.reranker import Reranker, RerankerTrainConfig, registry_fingerprint, reranker_meta, train_reranker
+    from slb.router import Router
+    from slb.scan import scan
+    from slb.tools import as_entry
+    from nexus_agent.home import home_path
+
+    torch.set_num_threads(args.threads)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    tools = [as_entry(t) for t in _jsonl(args.tools)]
+    names = [t.name for t in tools]
+    pos = {n: i for i, n in enumerate(names)}
+    scored = [q for q in _jsonl(args.queries) if q.get("gold_tool") in pos]
+    if args.max_queries:
+        scored = scored[: args.max_queries]
+    scored_texts = {q["query"] for q in scored}
+    calib_path = args.calib or str(DATA / "queries.jsonl")
+    calib = [q for q in _jsonl(calib_path) if q.get("gold_tool") in pos and q["query"] not in scored_texts]
+    cross_fit = len(calib) < 20
+    if cross_fit:  # thresholds for fold f come from the other fold of the scored set
+        calib = []
+    emb = Embedder(EmbedderConfig(recipe=args.recipe))
+    t0 = time.perf_counter()
+    cache = home_path("slb", "eval-cache", f"{registry_fingerprint(tools, args.recipe)}.npy")
+    f32 = np.load(cache) if cache.exists() else emb.embed_tools(tools)
+    if not cache.exists():
+        np.save(cache, f32)
+    m8, sc = quantize_rows(f32)
+    embed_tools_s = time.perf_counter() - t0
+    qv = emb.embed_texts([q["query"] for q in scored])
+    golds = np.array([pos[q["gold_tool"]] for q in scored])
+    folds = np.array([_fold(q["gold_tool"]) for q in scored])
+    cv = emb.embed_texts([q["query"] for q in calib]) if calib else None
+    cgolds = np.array([pos[q["gold_tool"]] for q in calib]) if calib else None
+    irr = _jsonl(args.irrelevant) if args.irrelevant else []
+    iv = emb.embed_texts([q["query"] for q in irr]) if irr else None
+
+    # Reranker: trained on synthesized catalogue queries + calib queries (never scored ones).
+    labelled = [(q["query"], q["gold_tool"]) for q in calib]
+    train_s = None
+    if args.reranker:
+        rr_path = Path(args.reranker)
+    else:
+        fp = registry_fingerprint(tools, args.recipe, labelled)
+        rr_path = home_path("rerankers", f"eval-{fp}-s{args.train_steps}")
+        meta = reranker_meta(rr_path)
+        if not meta or meta.get("fingerprint") != fp:
+            cfg = RerankerTrainConfig(queries_per_tool=1, max_steps=args.train_steps, seed=args.seed, threads=args.threads)
+            train_s = train_reranker(tools, emb, rr_path, labelled, cfg)["train_s"]
+    rr = Reranker(rr_path)
+
+    result = {"sizes": {}, "queries": len(scored), "irrelevant": len(irr), "calib_queries": len(calib),
+              "cross_fit": cross_fit, "recipe": args.recipe, "seed": args.seed, "target": args.target,
+              "reranker": str(rr_path), "reranker_train_s": train_s, "embed_catalogue_s": embed_tools_s,
+              "catalogue": len(tools)}
+    print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'auto%':>6} {'autoP':>6} {'none%':>6} {'p50ms':>7} {'tau':>6} {'floor':>6}")
+    for size in sizes:
+        res = _scan_all(qv, golds, f32, m8, sc, size, args.seed + size, args.k)
+        top1_f = np.array([r[0] for r in res]) == golds
+        top1_8 = np.array([r[2][0] for r in res]) == golds
+        margins = np.array([r[1][0] - r[1][1] if len(r[1]) > 1 else 1.0 for r in res])
+        top1s = np.array([r[1][0] for r in res])
+        # thresholds per scored query: from calib, or from the other fold
+        if cross_fit:
+            gates = {}
+            for f in (0, 1):
+                o = folds != f
+                gates[f] = GateConfig(pick_tau(margins[o], top1_8[o], args.target), pick_floor(top1s[o], args.floor_recall), args.k)
+            gate_of = [gates[f] for f in folds]
+        else:
+            cres = _scan_all(cv, cgolds, f32, m8, sc, size, args.seed + 7919 + size, args.k)
+            cm = np.array([r[1][0] - r[1][1] for r in cres])
+            cc = np.array([r[2][0] for r in cres]) == cgolds
+            g = GateConfig(pick_tau(cm, cc, args.target), pick_floor(np.array([r[1][0] for r in cres]), args.floor_recall), args.k)
+            gate_of = [g] * len(scored)
+        rng = np.random.default_rng(args.seed + 31 * size)
+        routed, paths, lat = [], [], []
+        for q, v, g, gate in zip(scored, qv, golds, gate_of):
+            idx = _registry(rng, len(tools), g, size)
+            router = Router(emb, np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx]), [tools[i] for i in idx], gate, rr)
+            d = router.route(q["query"], v)
+            routed.append(d.tool == names[g])
+            paths.append(d.path)
+            lat.append(d.timings["total_ms"])
+        paths = np.array(paths)
+        auto = paths == "auto"
+        none_prec = None
+        if irr:
+            g = gates[0] if cross_fit else gate_of[0]  # fitted on relevant queries only, never on these prompts
+            rng_i = np.random.default_rng(args.seed + 17 * size)
+            nn = 0
+            for q, v in zip(irr, iv):
+                idx = _registry(rng_i, len(tools), None, size)
+                s, _ = scan(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx]), v, 2)
+                nn += bool(s[0] < g.floor)
+            none_prec = nn / len(irr)
+        row = {
+            "top1_embed": float(top1_f.mean()), "top1_int8": float(top1_8.mean()), "top1_routed": float(np.mean(routed)),
+            "auto_rate": float(auto.mean()), "auto_precision": float(np.array(routed)[auto].mean()) if auto.any() else None,
+            "rerank_rate": float((paths == "rerank").mean()), "none_rate_relevant": float((paths == "none").mean()),
+            "none_precision": none_prec, "route_ms_p50": float(np.percentile(lat, 50)),
+            "route_ms_p99": float(np.percentile(lat, 99)),
+            "tau": float(np.mean([gg.tau for gg in gate_of])), "floor": float(np.mean([gg.floor for gg in gate_of])),
+            "gate_stats_int8": gate_stats(margins, top1_8, float(np.mean([gg.tau for gg in gate_of]))),
+        }
+        result["sizes"][str(size)] = row
+        print(f"{size:>6} {row['top1_embed']:7.3f} {row['top1_int8']:7.3f} {row['top1_routed']:7.3f} {row['auto_rate']*100:6.1f} "
+              f"{(row['auto_precision'] or 0):6.3f} {(none_prec if none_prec is not None else float('nan'))*100:6.1f} "
+              f"{row['route_ms_p50']:7.2f} {row['tau']:6.3f} {row['floor']:6.3f}")
+    _embed_latency(emb, scored, result)
+    plot = args.plot or (str(Path(args.json_out).with_suffix(".png")) if getattr(args, "json_out", None) else None)
+    if plot:
+        _plot(result, plot)
+        result["plot"] = plot
+    return result
+
+
+def _embed_latency(emb, scored, result) -> None:
+    """p50 ms to embed one query (the router's first stage; excluded from route_ms above)."""
+    import numpy as np
+
+    ts = []
+    for q in scored[:30]:
+        t = time.perf_counter()
+        emb.embed_query(q["query"])
+        ts.append((time.perf_counter() - t) * 1e3)
+    result["embed_query_ms_p50"] = float(np.percentile(ts, 50)) if ts else None
+
+
+def _plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted(int(s) for s in result["sizes"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("top1_embed", "embedding float32"), ("top1_int8", "embedding INT8"), ("top1_routed", "gated + reranked")):
+        ax.plot(sizes, [result["sizes"][str(s)][key] * 100 for s in sizes], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("registry size (tools)")
+    ax.set_ylabel("top-1 accuracy (%)")
+    ax.set_title(f"Routing accuracy vs registry size ({result['queries']} queries)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,65 @@
+"""Scan latency: the Numba INT8 kernel vs the NumPy float32 matmul (+ top-k) on the same data, one thread.
+
+Rows are random unit vectors (the scan's cost does not depend on their content); the same query set is
+timed on both paths in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sizes", default="250,10000,100000")
+    p.add_argument("--dim", type=int, default=384)
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=200, help="timed calls per size and path (fewer at large N)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _p50_us(fn, q, repeats: int) -> float:
+    import time
+
+    import numpy as np
+
+    fn(q[0])  # warm (JIT, caches)
+    ts = []
+    for r in range(repeats):
+        x = q[r % len(q)]
+        t = time.perf_counter()
+        fn(x)
+        ts.append(time.perf_counter() - t)
+    return float(np.percentile(ts, 50) * 1e6)
+
+
+def run(args: argparse.Namespace) -> dict:
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    import numpy as np
+
+    from slb.buffer import quantize_rows
+    from slb.scan import scan
+
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        return _run(args, np, quantize_rows, scan)
+
+
+def _run(args, np, quantize_rows, scan) -> dict:
+    rng = np.random.default_rng(args.seed)
+    result = {"sizes": {}, "dim": args.dim, "k": args.k, "threads": 1}
+    print(f"{'N':>8} {'numba us':>10} {'numpy f32 us':>13} {'speedup':>8}")
+    for n in (int(s) for s in args.sizes.split(",")):
+        x = rng.standard_normal((n, args.dim)).astype(np.float32)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        m8, sc = quantize_rows(x)
+        q = np.ascontiguousarray(x[rng.integers(0, n, 16)] + 0.1 * rng.standard_normal((16, args.dim)).astype(np.float32))
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+        reps = max(20, args.repeats if n <= 10000 else args.repeats // 4)
+        nb = _p50_us(lambda v: scan(m8, sc, v, args.k, "numba"), q, reps * (10 if n <= 1000 else 1))
+        npf = _p50_us(lambda v: scan(m8, sc, v, args.k, "numpy", f32=x), q, reps)
+        result["sizes"][str(n)] = {"numba_us_p50": nb, "numpy_f32_us_p50": npf, "speedup": npf / nb}
+        print(f"{n:>8} {nb:10.1f} {npf:13.1f} {npf / nb:8.1f}x")
+    return result

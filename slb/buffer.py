@@ -1,0 +1,160 @@
+"""The buffer file: INT8 tool embeddings opened with numpy.memmap.
+
+Layout (little endian), all sections 64-byte aligned:
+    b"NXSLB\\x00" + u16 format version | u64 header length | JSON header | int8 matrix (count, dim) |
+    float32 scales (count,)
+The JSON header holds model_id, dim, count, version, tool names, schema hashes, section offsets and the
+calibration (tau, score floor) written by `slb calibrate`. Row i ≈ m8[i] * scales[i] is the L2-normalized
+embedding of tool i (symmetric per-row quantization: scale = max|x| / 127).
+Writes go to a temp file in the same folder, are fsynced, then renamed over the old file (atomic).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = b"NXSLB\x00"
+FORMAT_VERSION = 1
+_ALIGN = 64
+
+
+class BufferMismatchError(ValueError):
+    """The buffer on disk was built by another embedder (model/recipe/dimension) or format version."""
+
+
+def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(N, D) float -> (int8 (N, D), float32 scales (N,)) with x[i] ≈ q[i] * scale[i], |q| <= 127."""
+    x = np.asarray(x, np.float32)
+    amax = np.abs(x).max(axis=1) if x.size else np.zeros(len(x), np.float32)
+    scales = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(x / scales[:, None]), -127, 127).astype(np.int8)
+    return q, scales
+
+
+def _pad(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclass
+class BufferData:
+    """In-memory content of a buffer file. m8 (N, D) int8, scales (N,) float32, names/hashes length N."""
+
+    model_id: str
+    dim: int
+    names: list[str]
+    hashes: list[str]
+    m8: np.ndarray
+    scales: np.ndarray
+    calibration: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.names)
+        if self.m8.shape != (n, self.dim) or self.m8.dtype != np.int8:
+            raise ValueError(f"m8 must be ({n}, {self.dim}) int8, got {self.m8.shape} {self.m8.dtype}")
+        if self.scales.shape != (n,) or len(self.hashes) != n:
+            raise ValueError("scales, names and hashes must have one entry per row")
+        if len(set(self.names)) != n:
+            raise ValueError("tool names in a buffer must be unique")
+
+
+def write_buffer(path: str | Path, data: BufferData) -> Path:
+    """Write `data` atomically (temp + fsync + rename) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n, d = len(data.names), data.dim
+    header = {
+        "version": FORMAT_VERSION, "model_id": data.model_id, "dim": d, "count": n,
+        "names": data.names, "hashes": data.hashes, "calibration": data.calibration,
+    }
+    # Offsets depend on the header length, which depends on the offsets' digits: fix them in two passes.
+    header["m8_offset"] = header["scales_offset"] = 0
+    for _ in range(2):
+        blob = json.dumps(header, separators=(",", ":")).encode()
+        m8_off = _pad(len(MAGIC) + 2 + 8 + len(blob) + 32)
+        header["m8_offset"], header["scales_offset"] = m8_off, _pad(m8_off + n * d)
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    assert len(MAGIC) + 10 + len(blob) <= header["m8_offset"]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + struct.pack("<HQ", FORMAT_VERSION, len(blob)) + blob)
+            f.seek(header["m8_offset"])
+            f.write(np.ascontiguousarray(data.m8, np.int8).tobytes())
+            f.seek(header["scales_offset"])
+            f.write(np.ascontiguousarray(data.scales, "<f4").tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def read_header(path: str | Path) -> dict:
+    """The JSON header of a buffer file; raises BufferMismatchError on a foreign or newer file."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        head = f.read(len(MAGIC) + 10)
+        if len(head) < len(MAGIC) + 10 or head[: len(MAGIC)] != MAGIC:
+            raise BufferMismatchError(f"{path} is not an SLB buffer file; delete it and run `nexus slb build`")
+        version, hlen = struct.unpack("<HQ", head[len(MAGIC):])
+        if version != FORMAT_VERSION:
+            raise BufferMismatchError(
+                f"{path} has buffer format version {version}, this Nexus reads {FORMAT_VERSION}: run `nexus slb build`"
+            )
+        return json.loads(f.read(hlen))
+
+
+class SLBuffer:
+    """A buffer file opened read-only with numpy.memmap: `m8` (N, D) int8, `scales` (N,) float32, `names`."""
+
+    def __init__(self, path: str | Path, model_id: str | None = None, dim: int | None = None):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"no SLB buffer at {self.path}: run `nexus slb build` first")
+        self.header = read_header(self.path)
+        h = self.header
+        if model_id is not None and h["model_id"] != model_id:
+            raise BufferMismatchError(
+                f"{self.path} was built with embedder {h['model_id']!r} but the router uses {model_id!r}: "
+                "rebuild it with `nexus slb build` (or select the matching embedder/recipe)"
+            )
+        if dim is not None and h["dim"] != dim:
+            raise BufferMismatchError(f"{self.path} holds {h['dim']}-d rows but the embedder makes {dim}-d vectors: rebuild it")
+        n, d = h["count"], h["dim"]
+        if n:
+            # plain ndarray views of the maps: Numba takes ndarray, not the memmap subclass
+            self.m8 = np.asarray(np.memmap(self.path, np.int8, "r", offset=h["m8_offset"], shape=(n, d)))
+            self.scales = np.asarray(np.memmap(self.path, "<f4", "r", offset=h["scales_offset"], shape=(n,)))
+        else:
+            self.m8, self.scales = np.zeros((0, d), np.int8), np.zeros(0, np.float32)
+        self.names: list[str] = h["names"]
+        self.hashes: list[str] = h["hashes"]
+
+    @property
+    def model_id(self) -> str:
+        return self.header["model_id"]
+
+    @property
+    def calibration(self) -> dict:
+        return dict(self.header.get("calibration") or {})
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def data(self) -> BufferData:
+        """A writable in-memory copy (for rebuilds and calibration updates)."""
+        return BufferData(self.model_id, self.header["dim"], list(self.names), list(self.hashes),
+                          np.array(self.m8), np.array(self.scales, np.float32), self.calibration)

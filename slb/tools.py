@@ -1,0 +1,78 @@
+"""What the SLB needs from a tool, and the text it embeds for one.
+
+The core takes plain tool records (`ToolEntry`) so it does not depend on the registry store: anything with
+`name`, `description`, an input schema (`input_schema` or MCP's `inputSchema`) and optionally a
+`schema_hash` becomes one via `as_entry()` (pydantic `registry.model.Tool`, MCP dicts, dataclasses).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# name -> what the recipe embeds; measured by `nexus eval routing --text ...` (see slb/README in the report).
+TEXT_RECIPES = ("name_desc", "name_desc_params")
+DEFAULT_RECIPE = "name_desc_params"
+
+
+@dataclass(frozen=True)
+class ToolEntry:
+    """One routable tool: name, description, JSON-schema `input_schema` and a content hash of all three."""
+
+    name: str
+    description: str = ""
+    input_schema: dict = field(default_factory=dict)
+    schema_hash: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a tool needs a non-empty name")
+        if not self.schema_hash:
+            object.__setattr__(self, "schema_hash", hash_tool(self.name, self.description, self.input_schema))
+
+
+def hash_tool(name: str, description: str, input_schema: dict) -> str:
+    """sha256 hex of the canonical JSON of (name, description, input_schema)."""
+    blob = json.dumps([name, description or "", input_schema or {}], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def as_entry(tool: Any) -> ToolEntry:
+    """A ToolEntry from a registry `Tool`, an MCP tool dict, or anything with the same attributes."""
+    if isinstance(tool, ToolEntry):
+        return tool
+    get = tool.get if isinstance(tool, dict) else (lambda k, d=None: getattr(tool, k, d))
+    schema = get("input_schema") or get("inputSchema") or {}
+    return ToolEntry(str(get("name")), get("description") or "", dict(schema), get("schema_hash") or "")
+
+
+def _split_identifier(name: str) -> str:
+    """`calc.final_velocity` / `getUserInfo` -> `calc final velocity` / `get User Info`."""
+    name = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return re.sub(r"[._\-/]+", " ", name).strip()
+
+
+def param_names(schema: dict) -> list[str]:
+    """Top-level parameter names of a JSON schema, required ones first."""
+    props = (schema or {}).get("properties") or {}
+    req = [p for p in (schema or {}).get("required") or [] if p in props]
+    return req + [p for p in props if p not in req]
+
+
+def tool_text(tool: ToolEntry, recipe: str = DEFAULT_RECIPE) -> str:
+    """The text embedded for a tool.
+
+    name_desc: "<name words>: <description>".
+    name_desc_params: the same plus "Parameters: <param words>, ..." (names split into words; at most 12).
+    """
+    if recipe not in TEXT_RECIPES:
+        raise ValueError(f"unknown tool text recipe {recipe!r}; choose one of {TEXT_RECIPES}")
+    text = f"{_split_identifier(tool.name)}: {tool.description.strip()}"
+    if recipe == "name_desc_params":
+        params = [_split_identifier(p) for p in param_names(tool.input_schema)[:12]]
+        if params:
+            text += " Parameters: " + ", ".join(params) + "."
+    return text

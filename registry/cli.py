@@ -5,7 +5,6 @@ Listing commands take `--json` (machine-readable, on stdout); otherwise they pri
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 

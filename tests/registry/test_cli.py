@@ -1,0 +1,56 @@
+"""The `nexus` CLI in subprocesses against the public catalogue: register >= 250 tools in < 10 s, list, show,
+stats, remove, servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CATALOG = Path(__file__).resolve().parents[3] / "shared" / "data" / "routing" / "tools.jsonl"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def nexus(*args: str, home: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ, NEXUS_HOME=str(home))
+    return subprocess.run([sys.executable, "-m", "nexus_agent.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env=env)
+
+
+@pytest.mark.skipif(not CATALOG.exists(), reason="public routing catalogue not present")
+def test_register_catalogue_list_stats_remove(nexus_home):
+    start = time.perf_counter()
+    r = nexus("register", "--server", "python -m registry.servers.catalog", "--json", home=nexus_home)
+    seconds = time.perf_counter() - start
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert len(report["added"]) >= 250 and not report["rejected"]
+    assert seconds < 10, f"registering {len(report['added'])} tools took {seconds:.1f} s"
+
+    listed = json.loads(nexus("tools", "list", "--json", home=nexus_home).stdout)
+    assert len(listed) == len(report["added"]) and listed[0]["inputSchema"]["type"] == "object"
+    table = nexus("tools", "list", home=nexus_home).stdout
+    assert f"{len(listed)} tools" in table and listed[0]["name"][:20] in table
+
+    stats = json.loads(nexus("tools", "stats", "--json", home=nexus_home).stdout)
+    assert stats["tools"] == len(listed) and stats["median_tokens"] <= 24 and stats["required_coverage"] == 1.0
+    printed = nexus("tools", "stats", home=nexus_home).stdout
+    assert "IR median tokens" in printed and "100.0%" in printed
+
+    name = listed[0]["name"]
+    shown = json.loads(nexus("tools", "show", name, "--json", home=nexus_home).stdout)
+    assert shown["version"] == 1 and shown["ir"].startswith(name + "(")
+    assert nexus("tools", "remove", name, home=nexus_home).returncode == 0
+    assert nexus("tools", "show", name, home=nexus_home).returncode == 1
+    servers = json.loads(nexus("servers", "list", "--json", home=nexus_home).stdout)
+    assert servers[0]["name"] == "catalog" and servers[0]["tool_count"] == len(listed) - 1
+
+
+def test_register_failing_server_exits_nonzero_with_message(nexus_home):
+    r = nexus("register", "--server", f"{sys.executable} -c 'raise SystemExit(4)'", "--timeout", "5", home=nexus_home)
+    assert r.returncode == 1 and "failed to start" in r.stderr

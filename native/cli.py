@@ -1,0 +1,75 @@
+"""`nexus generate` and `nexus demo`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEMO_PROMPT = "In two sentences, why do AI agents need tools?"
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["mlx", "llamacpp"], default="llamacpp", help="model backend (default: llamacpp)")
+    p.add_argument("--model", default=None, help="GGUF file or MLX/HF model directory (default: packaged SmolLM2-135M)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    g = sub.add_parser("generate", help="stream a chat answer from the model")
+    add_model_arguments(g)
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    g.add_argument("prompt")
+    g.set_defaults(func=_generate)
+
+    d = sub.add_parser("demo", help="the main job on the embedded defaults")
+    d.set_defaults(func=_demo)
+
+
+def stream_answer(backend_name: str, model: str | None, prompt, max_tokens: int, sampler=None, out=sys.stdout) -> dict:
+    """Stream an answer to `out`; return timings."""
+    from native import load_backend
+    from native.generate import stream_generate
+
+    backend = load_backend(backend_name, model)
+    last = None
+    try:
+        for r in stream_generate(backend, prompt, max_tokens=max_tokens, sampler=sampler):
+            out.write(r.text)
+            out.flush()
+            last = r
+    finally:
+        backend.close()
+    out.write("\n")
+    if last is None:
+        return {}
+    return {
+        "prompt_tokens": last.prompt_tokens, "generated": last.generation_tokens, "ttft_s": last.ttft_s,
+        "prompt_tps": last.prompt_tps, "decode_tps": last.generation_tps, "finish": last.finish_reason,
+    }
+
+
+def _format_stats(s: dict) -> str:
+    return (f"[{s['prompt_tokens']} prompt tokens, {s['prompt_tps']:.0f} tok/s | {s['generated']} generated, "
+            f"{s['decode_tps']:.1f} tok/s | TTFT {s['ttft_s'] * 1000:.0f} ms | {s['finish']}]")
+
+
+def _generate(args) -> int:
+    from native.generate import SamplerConfig
+
+    prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
+    stats = stream_answer(args.backend, args.model, prompt, args.max_tokens,
+                          SamplerConfig(args.temperature, args.top_p, args.seed))
+    if stats:
+        print(_format_stats(stats), file=sys.stderr)
+    return 0
+
+
+def _demo(args) -> int:
+    for backend in ("llamacpp", "mlx"):
+        print(f"\n== {backend} · SmolLM2-135M-Instruct (packaged) ==\n> {DEMO_PROMPT}\n")
+        stats = stream_answer(backend, None, [{"role": "user", "content": DEMO_PROMPT}], 64)
+        print(_format_stats(stats))
+    return 0

@@ -1,0 +1,217 @@
+"""The llama.cpp backend through llama-cpp-python's low-level C API.
+
+We drive `llama_decode` with our own batches and use the memory (KV) API directly: `llama_memory_seq_rm`
+removes positions, `llama_memory_seq_add` shifts positions (llama.cpp re-rotates the shifted keys: a
+re-anchor), `llama_memory_seq_cp` shares cells between sequences, and `llama_state_seq_get/set_data`
+serialize one sequence's KV. Sequence 0 is the live sequence; sequence 1 is a scratch slot for imports
+(`set_data` clears its destination, and cells must be shifted *before* they are shared with the live
+sequence; DESIGN section 6). No attention weights or key biases are reachable here: eviction is positional.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import llama_cpp
+import llama_cpp._logger
+from llama_cpp import llama_cpp as C
+
+from native.base import BackendError, Capabilities, KVRange, ModelError, ModelInfo, as_token_list
+from native.gguf_header import read_gguf_header
+from native.model_files import check_architecture, fingerprint, resolve_model
+from native.tokenizer import tokenizer_from_gguf
+
+llama_cpp._logger.set_verbose(False)  # llama.cpp logs every load step to stderr otherwise
+LIVE, SCRATCH = 0, 1
+_backend_ready = False
+
+
+def default_threads() -> tuple[int, int]:
+    """(decode, batch) threads: llama-cpp-python's own defaults, overridable with NEXUS_THREADS.
+
+    Never oversubscribe: OpenMP threads spinning on a busy core collapse decode speed (DESIGN section 3).
+    """
+    if os.environ.get("NEXUS_THREADS"):
+        n = max(1, int(os.environ["NEXUS_THREADS"]))
+        return n, n
+    cpus = os.cpu_count() or 1
+    return max(cpus // 2, 1), cpus
+
+
+class LlamaCppBackend:
+    name = "llamacpp"
+    capabilities = Capabilities(can_splice=True, can_bias_keys=False, can_score_attention=False, can_remove_positions=True)
+
+    def __init__(self, model: str | None = None, n_threads: int | None = None, n_threads_batch: int | None = None):
+        global _backend_ready
+        src = resolve_model(model)
+        if src.format != "gguf":
+            raise ModelError(f"{src.path}: the llama.cpp backend needs a GGUF file, not a model directory")
+        header = read_gguf_header(src.path)
+        meta = header.metadata
+        arch = meta.get("general.architecture", "?")
+        check_architecture(src.path, arch)
+        self.tokenizer = tokenizer_from_gguf(meta, src.path)
+        if not _backend_ready:
+            C.llama_backend_init()
+            _backend_ready = True
+        params = C.llama_model_default_params()
+        self._model = C.llama_model_load_from_file(src.path.encode(), params)
+        if not self._model:
+            raise ModelError(f"{src.path}: llama.cpp could not load this model")
+        self._vocab = C.llama_model_get_vocab(self._model)
+        self.n_vocab = C.llama_vocab_n_tokens(self._vocab)
+        d_threads, b_threads = default_threads()
+        self.n_threads, self.n_threads_batch = n_threads or d_threads, n_threads_batch or n_threads or b_threads
+
+        def get(key, default=None):
+            v = meta.get(f"{arch}.{key}", default)
+            return v.item() if hasattr(v, "item") else v
+
+        n_heads, d_model = int(get("attention.head_count")), int(get("embedding_length"))
+        self.info = ModelInfo(
+            path=src.path, format="gguf", fingerprint=fingerprint(src.path), architecture=arch,
+            n_layers=int(get("block_count")), n_heads=n_heads, n_kv_heads=int(get("attention.head_count_kv", n_heads)),
+            head_dim=int(get("rope.dimension_count", d_model // n_heads)), d_model=d_model, vocab_size=self.n_vocab,
+            n_ctx_train=int(C.llama_model_n_ctx_train(self._model)), rope_base=float(get("rope.freq_base", 10000.0)),
+            rope_traditional=True, rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        )
+
+    def new_session(self, n_ctx: int | None = None, n_batch: int = 512) -> "LlamaCppSession":
+        if not self._model:
+            raise BackendError("the llama.cpp backend is closed")
+        return LlamaCppSession(self, n_ctx or min(self.info.n_ctx_train, 8192), n_batch)
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            C.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        self.close()
+
+
+class LlamaCppSession:
+    """One live sequence in its own llama.cpp context (unified KV, 2 sequences: live + scratch)."""
+
+    def __init__(self, backend: LlamaCppBackend, n_ctx: int, n_batch: int = 512):
+        self.backend, self.info, self.n_ctx, self.n_batch = backend, backend.info, n_ctx, n_batch
+        cp = C.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, n_batch, n_batch
+        cp.n_threads, cp.n_threads_batch = backend.n_threads, backend.n_threads_batch
+        cp.n_seq_max, cp.kv_unified = 2, True
+        cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED  # the KV state layout depends on this: keep it fixed
+        self._ctx = C.llama_init_from_model(backend._model, cp)
+        if not self._ctx:
+            raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens")
+        self._mem = C.llama_get_memory(self._ctx)
+        self._batch = C.llama_batch_init(n_batch, 0, 1)
+        self.n_past = 0
+        self.tokens: dict[int, int] = {}  # position -> token id of every cached position
+
+    # -- forward -------------------------------------------------------------------------------------------
+    def _decode(self, tokens: list[int], all_logits: bool) -> np.ndarray:
+        if self._ctx is None:
+            raise BackendError("session is closed")
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise BackendError(f"context full: {self.n_past} + {len(tokens)} tokens > n_ctx={self.n_ctx}")
+        outs = []
+        b = self._batch
+        for s in range(0, len(tokens), self.n_batch):
+            chunk = tokens[s : s + self.n_batch]
+            last_chunk = s + self.n_batch >= len(tokens)
+            b.n_tokens = len(chunk)
+            for i, t in enumerate(chunk):
+                b.token[i] = t
+                b.pos[i] = self.n_past + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = LIVE
+                b.logits[i] = all_logits or (last_chunk and i == len(chunk) - 1)
+            rc = C.llama_decode(self._ctx, b)
+            if rc != 0:
+                raise BackendError(f"llama_decode failed with code {rc} at position {self.n_past}")
+            if all_logits:
+                ptr = C.llama_get_logits(self._ctx)
+                outs.append(np.ctypeslib.as_array(ptr, shape=(len(chunk), self.backend.n_vocab)).copy())
+            elif last_chunk:
+                ptr = C.llama_get_logits_ith(self._ctx, -1)
+                outs.append(np.ctypeslib.as_array(ptr, shape=(1, self.backend.n_vocab)).copy())
+            for i, t in enumerate(chunk):
+                self.tokens[self.n_past + i] = t
+            self.n_past += len(chunk)
+        return np.concatenate(outs) if all_logits else outs[-1][0]
+
+    def prefill(self, tokens) -> np.ndarray:
+        return self._decode(as_token_list(tokens), all_logits=False)
+
+    def decode(self, token: int) -> np.ndarray:
+        return self._decode([int(token)], all_logits=False)
+
+    def forward_logits(self, tokens) -> np.ndarray:
+        return self._decode(as_token_list(tokens), all_logits=True)
+
+    # -- KV ranges -------------------------------------------------------------------------------------------
+    def export_kv(self, start: int, end: int) -> KVRange:
+        """Serialize positions [start, end) of the live sequence (an opaque llama.cpp state blob)."""
+        positions = np.array(sorted(p for p in self.tokens if start <= p < end), dtype=np.int64)
+        if not len(positions):
+            raise BackendError(f"no cached positions in [{start}, {end})")
+        C.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
+        C.llama_memory_seq_cp(self._mem, LIVE, SCRATCH, start, end)
+        size = C.llama_state_seq_get_size(self._ctx, SCRATCH)
+        buf = (ctypes.c_uint8 * size)()
+        n = C.llama_state_seq_get_data(self._ctx, buf, size, SCRATCH)
+        C.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
+        if n == 0:
+            raise BackendError("llama.cpp returned an empty sequence state")
+        tokens = np.array([self.tokens[int(p)] for p in positions], dtype=np.int64)
+        return KVRange(positions=positions, tokens=tokens, blob=bytes(buf[:n]), meta=self._layout())
+
+    def _layout(self) -> dict:
+        return {"backend": "llamacpp", "fingerprint": self.info.fingerprint, "flash_attn": False, "kv_unified": True}
+
+    def import_kv(self, kv: KVRange) -> None:
+        """Load a state blob into the scratch sequence, shift it to `n_past`, then share it with the live one."""
+        if kv.blob is None:
+            raise BackendError("this KV range has no llama.cpp state (was it exported by another backend?)")
+        if kv.meta and kv.meta != self._layout():
+            raise BackendError(f"KV range layout {kv.meta} does not match this session {self._layout()}")
+        n = len(kv)
+        if self.n_past + n > self.n_ctx:
+            raise BackendError(f"context full: {self.n_past} + {n} tokens > n_ctx={self.n_ctx}")
+        buf = (ctypes.c_uint8 * len(kv.blob)).from_buffer_copy(kv.blob)
+        if C.llama_state_seq_set_data(self._ctx, buf, len(kv.blob), SCRATCH) == 0:
+            raise BackendError("llama.cpp rejected the KV state (layout or model mismatch)")
+        p0, p1 = int(kv.positions[0]), int(kv.positions[-1]) + 1
+        delta = self.n_past - p0
+        if delta:
+            C.llama_memory_seq_add(self._mem, SCRATCH, p0, p1, delta)  # shift before sharing (cells are shared)
+        C.llama_memory_seq_cp(self._mem, SCRATCH, LIVE, -1, -1)
+        C.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
+        for p, t in zip(kv.positions, kv.tokens):
+            self.tokens[int(p) + delta] = int(t)
+        self.n_past = p1 + delta
+
+    def remove(self, start: int, end: int) -> None:
+        if not C.llama_memory_seq_rm(self._mem, LIVE, start, end):
+            raise BackendError(f"llama.cpp could not remove positions [{start}, {end})")
+        self.tokens = {p: t for p, t in self.tokens.items() if not start <= p < end}
+        if end >= self.n_past:
+            self.n_past = min(self.n_past, start)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            C.llama_batch_free(self._batch)
+            C.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

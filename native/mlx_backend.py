@@ -1,0 +1,133 @@
+"""The MLX backend: our llama module (native.mlx_llama) with the position-aware cache (native.mlx_cache).
+
+The reference backend for everything that touches keys and queries: splicing imports post-RoPE keys and
+re-anchors them with one rotation, eviction compacts the cache and biases keys, and a hook sees the queries.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import native  # noqa: F401  (OpenBLAS before MLX on Linux)
+import mlx.core as mx
+
+from native.base import BackendError, Capabilities, KVRange, ModelInfo, as_token_list
+from native.mlx_cache import KVCache
+from native.mlx_weights import load_model
+from native.model_files import resolve_model
+from native.tokenizer import tokenizer_from_dir, tokenizer_from_gguf
+
+PREFILL_CHUNK = 512  # tokens per forward pass while prefilling: bounds the (T, S) attention scores
+
+
+class MLXBackend:
+    name = "mlx"
+    capabilities = Capabilities(can_splice=True, can_bias_keys=True, can_score_attention=True, can_remove_positions=True)
+
+    def __init__(self, model: str | None = None, quantized: bool | None = None):
+        src = resolve_model(model)
+        self.model, self.info, meta = load_model(src, quantized=quantized)
+        self.tokenizer = tokenizer_from_gguf(meta, src.path) if src.format == "gguf" else tokenizer_from_dir(src.path)
+
+    def new_session(self, n_ctx: int | None = None) -> "MLXSession":
+        return MLXSession(self, n_ctx or self.info.n_ctx_train)
+
+    def close(self) -> None:
+        self.model = None
+
+
+class MLXSession:
+    """One sequence. `n_past` is the next logical position; the cache may hold fewer entries (eviction)."""
+
+    def __init__(self, backend: MLXBackend, n_ctx: int):
+        if backend.model is None:
+            raise BackendError("the MLX backend is closed")
+        self.backend, self.info, self.n_ctx = backend, backend.info, n_ctx
+        i: ModelInfo = backend.info
+        self.cache = KVCache(i.n_layers, i.n_heads, i.n_kv_heads, i.head_dim)
+        self.n_past = 0
+        self.tokens: list[int] = []  # token id at each cached slot, aligned with cache.positions
+
+    # -- forward -------------------------------------------------------------------------------------------
+    def _forward(self, tokens: list[int], all_logits: bool) -> np.ndarray:
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise BackendError(f"context full: {self.n_past} + {len(tokens)} tokens > n_ctx={self.n_ctx}")
+        model = self.backend.model
+        outs = []
+        for s in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = tokens[s : s + PREFILL_CHUNK]
+            h = model.hidden(mx.array(chunk, dtype=mx.int32)[None], self.n_past, self.cache)
+            if not all_logits and s + PREFILL_CHUNK < len(tokens):
+                mx.eval(*self.cache.arrays())
+            else:
+                logits = model.logits(h if all_logits else h[:, -1:, :])[0]
+                mx.eval(logits, *self.cache.arrays())
+                outs.append(np.array(logits.astype(mx.float32)))
+            self.n_past += len(chunk)
+            self.tokens += chunk
+        return np.concatenate(outs) if all_logits else outs[-1][-1]
+
+    def prefill(self, tokens) -> np.ndarray:
+        return self._forward(as_token_list(tokens), all_logits=False)
+
+    def decode(self, token: int) -> np.ndarray:
+        return self._forward([int(token)], all_logits=False)
+
+    def forward_logits(self, tokens) -> np.ndarray:
+        return self._forward(as_token_list(tokens), all_logits=True)
+
+    # -- KV ranges -------------------------------------------------------------------------------------------
+    def export_kv(self, start: int, end: int) -> KVRange:
+        slots = self.cache.slots_in(start, end)
+        if not len(slots):
+            raise BackendError(f"no cached positions in [{start}, {end})")
+        keys, values = self.cache.export(slots)
+        tokens = np.array([self.tokens[s] for s in slots], dtype=np.int64)
+        return KVRange(positions=self.cache.positions[slots].copy(), tokens=tokens, keys=keys, values=values)
+
+    def import_kv(self, kv: KVRange) -> None:
+        """Insert `kv` at depth `n_past`: rotate keys by delta = n_past - first position (RoPE composes)."""
+        if kv.keys is None or kv.values is None:
+            raise BackendError("this KV range has no keys/values arrays (was it exported by another backend?)")
+        i = self.info
+        if kv.keys.shape[:2] != (i.n_layers, i.n_kv_heads) or kv.keys.shape[3] != i.head_dim:
+            raise BackendError(f"KV range layout {kv.keys.shape} does not match the model ({i.n_layers}, {i.n_kv_heads}, T, {i.head_dim})")
+        n = len(kv)
+        if self.n_past + n > self.n_ctx:
+            raise BackendError(f"context full: {self.n_past} + {n} tokens > n_ctx={self.n_ctx}")
+        delta = self.n_past - int(kv.positions[0])
+        keys = reanchor_keys(mx.array(kv.keys), delta, self.info)
+        positions = kv.positions - kv.positions[0] + self.n_past
+        self.cache.insert(keys, mx.array(kv.values), positions)
+        self.tokens += [int(t) for t in kv.tokens]
+        self.n_past = int(positions[-1]) + 1
+
+    def remove(self, start: int, end: int) -> None:
+        pos = self.cache.positions
+        keep = np.nonzero((pos < start) | (pos >= end))[0]
+        self.cache.keep(keep)
+        self.tokens = [self.tokens[s] for s in keep]
+        if end >= self.n_past:
+            self.n_past = min(self.n_past, start)
+
+    def close(self) -> None:
+        self.cache = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def reanchor_keys(keys: mx.array, delta: int, info: ModelInfo) -> mx.array:
+    """Rotate post-RoPE keys (L, Hkv, T, D) by `delta` positions: R(m + delta) = R(delta) R(m).
+
+    Every token gets the same offset, so rope runs over a length-1 "sequence" per row.
+    """
+    if delta == 0:
+        return keys
+    L, H, T, D = keys.shape
+    flat = keys.reshape(L * H * T, 1, D)
+    rotated = mx.fast.rope(flat, D, traditional=info.rope_traditional, base=info.rope_base, scale=1.0, offset=delta)
+    return rotated.reshape(L, H, T, D)

@@ -1,0 +1,159 @@
+"""The MLX KV cache: keys (post-RoPE), values, their absolute positions and per-key logit biases.
+
+Keys are rotated at their absolute positions when written, so dropping some keys never changes the others and
+a recalled key needs no re-rotation. The cache builds the attention mask from positions (a query at position p
+sees keys at positions <= p) plus the additive bias, so the "causal" shortcut is used only while slot i holds
+position i. Shapes: Hkv key/value heads, S used slots, D head dim, L layers.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import mlx.core as mx
+import numpy as np
+
+_STEP = 256  # capacity grows in slots of this many tokens
+QueryHook = Callable[[int, mx.array, np.ndarray], None]  # (layer, q (B, H, T, D), query positions (T,))
+
+
+class LayerKV:
+    """One layer's cache. `positions` (S,) and `bias` (Hkv, S) describe the used slots."""
+
+    def __init__(self, index: int, n_heads: int, n_kv_heads: int, head_dim: int, owner: "KVCache"):
+        self.index, self.n_heads, self.n_kv_heads, self.head_dim = index, n_heads, n_kv_heads, head_dim
+        self.owner = owner
+        self.keys: mx.array | None = None  # (1, Hkv, capacity, D)
+        self.values: mx.array | None = None
+        self.length = 0
+        self.positions = np.zeros(0, dtype=np.int64)
+        self.bias: np.ndarray | None = None  # (Hkv, S) float32, additive logit bias; None = all zero
+
+    # -- storage -------------------------------------------------------------------------------------------
+    def _reserve(self, n_new: int, dtype) -> None:
+        need = self.length + n_new
+        cap = 0 if self.keys is None else self.keys.shape[2]
+        if need <= cap:
+            return
+        new_cap = (need + _STEP - 1) // _STEP * _STEP
+        shape = (1, self.n_kv_heads, new_cap, self.head_dim)
+        k, v = mx.zeros(shape, dtype), mx.zeros(shape, dtype)
+        if self.length:
+            k[..., : self.length, :] = self.keys[..., : self.length, :]
+            v[..., : self.length, :] = self.values[..., : self.length, :]
+        self.keys, self.values = k, v
+
+    def append(self, k: mx.array, v: mx.array, positions: np.ndarray, bias: np.ndarray | None = None) -> None:
+        """Write (1, Hkv, T, D) keys/values at the next T slots with the given absolute positions."""
+        t = k.shape[2]
+        self._reserve(t, k.dtype)
+        self.keys[..., self.length : self.length + t, :] = k
+        self.values[..., self.length : self.length + t, :] = v
+        if bias is not None or self.bias is not None:
+            old = self.bias if self.bias is not None else np.zeros((self.n_kv_heads, self.length), np.float32)
+            new = bias if bias is not None else np.zeros((self.n_kv_heads, t), np.float32)
+            self.bias = np.concatenate([old, new.astype(np.float32)], axis=1)
+        self.positions = np.concatenate([self.positions, np.asarray(positions, dtype=np.int64)])
+        self.length += t
+
+    def keep(self, slots: np.ndarray) -> None:
+        """Compact the cache to the given slot indices (in order); memory shrinks to fit."""
+        slots = np.asarray(slots, dtype=np.int64)
+        idx = mx.array(slots.astype(np.int32))
+        k = mx.take(self.keys[..., : self.length, :], idx, axis=2)
+        v = mx.take(self.values[..., : self.length, :], idx, axis=2)
+        self.positions = self.positions[slots]
+        self.bias = None if self.bias is None else self.bias[:, slots]
+        self.keys = self.values = None
+        self.length = 0
+        positions, bias = self.positions, self.bias
+        self.positions, self.bias = np.zeros(0, dtype=np.int64), None
+        if len(slots):
+            self.append(k, v, positions, bias)
+        mx.eval(self.keys, self.values) if self.keys is not None else None
+
+    def view(self) -> tuple[mx.array, mx.array]:
+        return self.keys[..., : self.length, :], self.values[..., : self.length, :]
+
+    @property
+    def contiguous(self) -> bool:
+        """True while slot i holds position i and no bias is set (the plain causal case)."""
+        return self.bias is None and (self.length == 0 or int(self.positions[-1]) == self.length - 1)
+
+    # -- attention -----------------------------------------------------------------------------------------
+    def update_and_fetch(self, k: mx.array, v: mx.array, q: mx.array, offset: int):
+        """Store new (B, Hkv, T, D) keys/values at positions offset..; return all keys, values and the mask."""
+        t = k.shape[2]
+        qpos = np.arange(offset, offset + t, dtype=np.int64)
+        was_contiguous = self.contiguous and offset == self.length
+        self.append(k, v, qpos)
+        if self.owner.query_hook is not None:
+            self.owner.query_hook(self.index, q, qpos)
+        keys, values = self.view()
+        if was_contiguous:
+            return keys, values, ("causal" if t > 1 else None)
+        return keys, values, self.mask(qpos)
+
+    def mask(self, qpos: np.ndarray) -> mx.array:
+        """Additive float mask (1, H or 1, T, S): 0 where key position <= query position, -inf elsewhere, + bias."""
+        allowed = self.positions[None, :] <= qpos[:, None]  # (T, S)
+        m = np.where(allowed, 0.0, -np.inf).astype(np.float32)[None, None]  # (1, 1, T, S)
+        if self.bias is not None:
+            group = self.n_heads // self.n_kv_heads
+            per_head = np.repeat(self.bias, group, axis=0)  # (H, S)
+            m = m + per_head[None, :, None, :]
+        return mx.array(m)
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return 2 * self.length * self.n_kv_heads * self.head_dim * self.keys.dtype.size
+
+
+class KVCache:
+    """All layers' caches plus an optional hook that sees every layer's queries (eviction scoring)."""
+
+    def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int):
+        self.layers = [LayerKV(i, n_heads, n_kv_heads, head_dim, self) for i in range(n_layers)]
+        self.query_hook: QueryHook | None = None
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    @property
+    def positions(self) -> np.ndarray:
+        return self.layers[0].positions
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
+
+    def arrays(self) -> list[mx.array]:
+        return [a for layer in self.layers if layer.keys is not None for a in (layer.keys, layer.values)]
+
+    def slots_in(self, start: int, end: int) -> np.ndarray:
+        pos = self.positions
+        return np.nonzero((pos >= start) & (pos < end))[0]
+
+    def keep(self, slots: np.ndarray) -> None:
+        for layer in self.layers:
+            layer.keep(slots)
+
+    def export(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and values of the given slots as (L, Hkv, T, D) float32 NumPy arrays."""
+        idx = mx.array(np.asarray(slots, dtype=np.int32))
+        ks, vs = [], []
+        for layer in self.layers:
+            k, v = layer.view()
+            ks.append(mx.take(k[0], idx, axis=1))
+            vs.append(mx.take(v[0], idx, axis=1))
+        k, v = mx.stack(ks), mx.stack(vs)
+        return np.array(k.astype(mx.float32)), np.array(v.astype(mx.float32))
+
+    def insert(self, keys: mx.array, values: mx.array, positions: np.ndarray) -> None:
+        """Append (L, Hkv, T, D) keys (post-RoPE at `positions`) and values to every layer."""
+        for i, layer in enumerate(self.layers):
+            layer.append(keys[i][None], values[i][None], positions)
+        mx.eval(*self.arrays())

@@ -1,0 +1,96 @@
+"""Model loading: bad inputs give one-line errors naming the file; an HF/MLX directory loads and matches the GGUF."""
+
+import json
+import struct
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from native import ModelError, load_backend
+from native.model_files import default_model_path
+
+
+def _write_gguf(path, metadata: dict[str, str]) -> None:
+    """A minimal valid GGUF v3 with string metadata and no tensors."""
+    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, 0, len(metadata)))
+    for k, v in metadata.items():
+        for s in (k,):
+            out += struct.pack("<Q", len(s.encode())) + s.encode()
+        out += struct.pack("<I", 8) + struct.pack("<Q", len(v.encode())) + v.encode()
+    path.write_bytes(bytes(out))
+
+
+@pytest.mark.parametrize("name", ["mlx", "llamacpp"])
+def test_bad_model_paths_give_one_line_errors(name, tmp_path):
+    missing = tmp_path / "nope.gguf"
+    text = tmp_path / "notes.txt"
+    text.write_text("just some text, not a model")
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(open(default_model_path(), "rb").read(5000))
+    foreign = tmp_path / "bert.gguf"
+    _write_gguf(foreign, {"general.architecture": "bert"})
+    cases = {
+        missing: "no such model file",
+        text: "not a GGUF file",
+        truncated: "truncated GGUF header",
+        foreign: "unsupported architecture 'bert'",
+        tmp_path: "needs config.json",
+    }
+    for path, message in cases.items():
+        with pytest.raises(ModelError) as e:
+            load_backend(name, str(path))
+        assert message in str(e.value) and str(path) in str(e.value)
+        assert "\n" not in str(e.value)
+
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """GGUF stores Q/K rows permuted for interleaved rotary pairs; undo it to get the HF (half-split) layout."""
+    out, d = w.shape
+    return w.reshape(n_heads, out // n_heads // 2, 2, d).swapaxes(1, 2).reshape(out, d)
+
+
+@pytest.mark.slow
+def test_hf_directory_matches_gguf(mlx_backend, tmp_path):
+    """Convert the packaged GGUF to an HF-layout folder (float32, half-split Q/K) and load it: same logits.
+
+    This checks both loaders and the rotary convention: GGUF's interleaved pairs vs HF's half-split halves.
+    """
+    from native.mlx_weights import _gguf_name
+
+    info = mlx_backend.info
+    raw = mx.load(default_model_path())
+    weights = {}
+    for k in raw:
+        if k.endswith((".scales", ".biases")):
+            continue
+        w = raw[k]
+        stem = k[: -len(".weight")]
+        if f"{stem}.scales" in raw:
+            w = mx.dequantize(w, raw[f"{stem}.scales"], raw[f"{stem}.biases"], group_size=32, bits=4)
+        w = np.array(w.astype(mx.float32))
+        if k.endswith("attn_q.weight"):
+            w = _unpermute(w, info.n_heads)
+        elif k.endswith("attn_k.weight"):
+            w = _unpermute(w, info.n_kv_heads)
+        weights[_gguf_name(k)] = mx.array(w)
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), weights)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": info.d_model, "num_hidden_layers": info.n_layers,
+        "num_attention_heads": info.n_heads, "num_key_value_heads": info.n_kv_heads, "intermediate_size": 1536,
+        "vocab_size": info.vocab_size, "rms_norm_eps": info.rms_eps, "rope_theta": info.rope_base,
+        "tie_word_embeddings": True, "max_position_embeddings": 8192,
+    }))
+    tok = mlx_backend.tokenizer
+    tok._special.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": tok.chat_template, "eos_token": tok.eos_token, "bos_token": tok.bos_token}))
+
+    hf = load_backend("mlx", str(tmp_path))
+    assert hf.info.format == "mlx-dir" and hf.info.rope_traditional is False
+    ids = tok.encode_chat([{"role": "user", "content": "Name three rivers in Europe."}])
+    assert hf.tokenizer.encode_chat([{"role": "user", "content": "Name three rivers in Europe."}]) == ids
+    assert hf.tokenizer.encode("<|im_end|>") != tok.encode("<|im_end|>", special=True)  # plain text stays plain
+    a = mlx_backend.new_session(256).forward_logits(ids)
+    b = hf.new_session(256).forward_logits(ids)
+    np.testing.assert_allclose(a, b, atol=2e-3, rtol=0)

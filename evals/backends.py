@@ -49,14 +49,14 @@ class _HighLevel:
 
     def prefill(self, ids: list[int]) -> float:
         self.llm.reset()
-        self.llm._ctx.memory_clear(True)
+        self.llm._ctx.kv_cache_clear()
         t = time.perf_counter()
         self.llm.eval(ids)
         return time.perf_counter() - t
 
     def decode(self, ids: list[int], n: int) -> float:
         self.llm.reset()
-        self.llm._ctx.memory_clear(True)
+        self.llm._ctx.kv_cache_clear()
         self.llm.eval(ids)
         tok = ids[-1]
         t = time.perf_counter()

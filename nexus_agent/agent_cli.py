@@ -1,0 +1,92 @@
+"""`nexus run "task"`, `nexus chat`, `nexus doctor`: a thin rich layer over nexus_agent.session.open_agent."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser("run", help="run one agent task over the registered MCP tools")
+    r.add_argument("task")
+    _agent_args(r)
+    r.set_defaults(func=_run)
+    c = sub.add_parser("chat", help="interactive agent session (empty line or Ctrl-D to quit)")
+    _agent_args(c)
+    c.set_defaults(func=_chat)
+    d = sub.add_parser("doctor", help="check the model, llguidance, registry, router and servers")
+    d.add_argument("--backend", choices=["mlx", "llamacpp"], default="llamacpp")
+    d.set_defaults(func=_doctor)
+
+
+def _agent_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["mlx", "llamacpp"], default="llamacpp", help="model backend")
+    p.add_argument("--model", default=None, help="GGUF file or MLX model folder (default: packaged SmolLM2)")
+    p.add_argument("--trace", default=None, metavar="FILE", help="append a JSONL trace of the session to FILE")
+    p.add_argument("--max-steps", type=int, default=4, help="tool calls per turn (default 4)")
+    p.add_argument("--max-arg-tokens", type=int, default=160)
+    p.add_argument("--max-tokens", type=int, default=96, help="answer tokens per turn")
+    p.add_argument("--kv-budget", type=int, default=None, metavar="TOKENS", help="live KV cache budget")
+    p.add_argument("--eviction", default="certified", help="eviction policy name (default certified)")
+    p.add_argument("--timeout", type=float, default=20.0, help="seconds before a tool call is abandoned")
+    p.add_argument("--route", choices=("gate", "embed", "rerank"), default="gate", help="router mode")
+    p.add_argument("--no-answer", action="store_true", help="stop after the tool calls (no final answer)")
+    p.add_argument("--quiet", action="store_true", help="print only the answer")
+
+
+def _open(args):
+    from nexus_agent.loop import AgentConfig
+    from nexus_agent.memory import MemoryConfig
+    from nexus_agent.servers import ServerPoolConfig
+    from nexus_agent.session import SessionConfig, open_agent
+    from nexus_agent.ui import Console
+
+    ui = Console(quiet=args.quiet)
+    agent = open_agent(
+        SessionConfig(args.backend, args.model, args.route, args.trace),
+        AgentConfig(max_steps=args.max_steps, max_arg_tokens=args.max_arg_tokens,
+                    max_answer_tokens=args.max_tokens, answer=not args.no_answer),
+        MemoryConfig(args.kv_budget, args.eviction), ServerPoolConfig(call_timeout_s=args.timeout),
+        on_text=ui.text, on_event=ui.event,
+    )
+    return agent, ui
+
+
+def _run(args: argparse.Namespace) -> int:
+    agent, ui = _open(args)
+    try:
+        result = agent.run_turn(args.task)
+        ui.done(result)
+    finally:
+        agent.close()
+    return 0
+
+
+def _chat(args: argparse.Namespace) -> int:
+    agent, ui = _open(args)
+    try:
+        while True:
+            try:
+                line = input("\n> ")
+            except EOFError:
+                break
+            if not line.strip():
+                break
+            ui.done(agent.run_turn(line))
+    finally:
+        agent.close()
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from nexus_agent.doctor import run_checks
+
+    ok = True
+    for name, passed, detail in run_checks(args.backend):
+        ok &= passed
+        print(f"[{'ok' if passed else 'FAIL'}] {name}: {detail}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(0)

@@ -1,0 +1,153 @@
+"""Arguments decoded under a tool's JSON Schema with llguidance, over our own tokenizer, on any backend.
+
+llguidance compiles the schema to a grammar and gives, at every step, the set of tokens that keep the output
+a prefix of some schema-valid JSON document; we mask the logits with it (greedy by default) and feed the
+chosen token to both the matcher and the backend session. The llguidance tokenizer is built from our token
+list: byte-level BPE token strings mapped back to their bytes (the GPT-2 byte alphabet), special tokens as
+their literal text, and our encoder for re-tokenising text.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable, Sequence
+
+import numpy as np
+
+from native.base import Session
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2 byte-level alphabet: printable stand-in character -> raw byte."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars = keep[:]
+    n = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(keep, chars)}
+
+
+class _TokenList:
+    """The `gtokenizer` shape llguidance's TokenizerWrapper expects: tokens as bytes, ids of specials, encode."""
+
+    def __init__(self, tokenizer):
+        dec = _byte_decoder()
+        self._tok = tokenizer
+        self.tokens: list[bytes] = []
+        for i in range(tokenizer.vocab_size):
+            text = tokenizer.token_text(i)
+            if i in tokenizer.special_ids or any(ch not in dec for ch in text):
+                self.tokens.append(text.encode("utf-8"))
+            else:
+                self.tokens.append(bytes(dec[ch] for ch in text))
+        self.special_token_ids = sorted(tokenizer.special_ids)
+        self.eos_token_id = min(tokenizer.eos_ids)
+        self.bos_token_id = tokenizer.bos_id
+
+    def __call__(self, s: str | bytes) -> list[int]:
+        if isinstance(s, bytes):
+            s = s.decode("utf-8", errors="replace")
+        return self._tok.encode(s)
+
+
+@lru_cache(maxsize=4)
+def _ll_tokenizer_cached(digest: str, tokenizer_ref: int):
+    import llguidance
+
+    tok = _REFS[tokenizer_ref]
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_TokenList(tok)), eos_token=sorted(tok.eos_ids))
+
+
+_REFS: dict[int, object] = {}
+
+
+def ll_tokenizer(tokenizer):
+    """The llguidance tokenizer for one of our tokenizers (built once per vocabulary digest)."""
+    _REFS[id(tokenizer)] = tokenizer
+    return _ll_tokenizer_cached(tokenizer.digest, id(tokenizer))
+
+
+@dataclass
+class ConstrainedResult:
+    """What one constrained generation produced.
+
+    text: the decoded JSON text; tokens: generated ids (stop token excluded); complete: the grammar reached
+    an accepting state (False: token limit hit, the JSON is cut); ttft_s: seconds from the call to the first
+    generated token (prefill included); error: llguidance's message when the matcher failed.
+    """
+
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    complete: bool = False
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    error: str | None = None
+
+    def parse(self):
+        return json.loads(self.text)
+
+
+def schema_grammar(schema: dict) -> str:
+    """The llguidance grammar for an input schema (compact JSON: no free whitespace, default separators)."""
+    import llguidance
+
+    return llguidance.LLMatcher.grammar_from_json_schema(
+        schema, defaults={"whitespace_flexible": False, "lenient": True})
+
+
+def _allowed(matcher, vocab: int) -> np.ndarray:
+    """(vocab,) bool mask of tokens the grammar allows next."""
+    bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+    return np.unpackbits(bits, bitorder="little")[:vocab].astype(bool)
+
+
+def generate_json(session: Session, prompt: Sequence[int], schema: dict, tokenizer, max_tokens: int = 160,
+                  on_token: Callable[[str], None] | None = None, logits=None) -> ConstrainedResult:
+    """Prefill `prompt` (skip when `logits` (vocab,) after it are given), then decode greedily under `schema`.
+
+    `on_token(piece)` streams the text as it grows. The session keeps every token it decoded.
+    """
+    import llguidance
+
+    t0 = time.perf_counter()
+    ll = ll_tokenizer(tokenizer)
+    matcher = llguidance.LLMatcher(ll, schema_grammar(schema), log_level=0)
+    if matcher.is_error():
+        return ConstrainedResult("", error=f"schema not supported by llguidance: {matcher.get_error()}")
+    if logits is None:
+        logits = session.prefill(list(prompt))
+    vocab = len(logits)
+    out: list[int] = []
+    ttft = None
+    shown = ""
+    eos = tokenizer.eos_ids
+    for _ in range(max_tokens):
+        mask = _allowed(matcher, vocab)
+        if not mask.any():
+            break
+        masked = np.where(mask, logits, -np.inf)
+        token = int(np.argmax(masked))
+        if ttft is None:
+            ttft = time.perf_counter() - t0
+        if not matcher.consume_token(token):
+            return ConstrainedResult(tokenizer.decode(out), out, False, ttft, time.perf_counter() - t0,
+                                     matcher.get_error() or f"token {token} rejected")
+        if token in eos:
+            break
+        out.append(token)
+        text = tokenizer.decode(out)
+        if on_token and not text.endswith("\ufffd"):
+            on_token(text[len(shown):])
+            shown = text
+        if matcher.is_stopped():
+            break
+        logits = session.decode(token)
+    text = tokenizer.decode(out)
+    return ConstrainedResult(text, out, matcher.is_accepting() or matcher.is_stopped(), ttft or 0.0,
+                             time.perf_counter() - t0, matcher.get_error() if matcher.is_error() else None)

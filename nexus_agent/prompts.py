@@ -1,0 +1,63 @@
+"""The prompts the agent gives the model: compact (signature) argument prompt, full-schema prompt, answers.
+
+The compact prompt carries one tool's compressed signature (registry.signature) and a short key to its
+notation, never the full JSON Schema; the full-schema prompt carries the schema text itself (the segment a
+splice block holds). Prompts are chat messages rendered with the model's own template.
+"""
+
+from __future__ import annotations
+
+import json
+
+SIGNATURE_KEY = (
+    "Tool signatures read: name(param: type, optional?: type=default) — purpose. Types: str, int, num, bool, "
+    "[T] list, {field: T} object, \"a\"|\"b\" one of the values."
+)
+ANSWER_SYSTEM = "You are a helpful assistant. Answer briefly, using the tool results when there are any."
+
+
+def render_schema(tool) -> str:
+    """The full-schema text for a tool: the segment a precompiled splice block holds (compact JSON)."""
+    schema = json.dumps(tool.input_schema, separators=(",", ":"), sort_keys=True)
+    return f"Tool {tool.name}: {tool.description.strip()}\nInput JSON Schema: {schema}"
+
+
+def argument_messages(signature: str, request: str, history: list[dict] | None = None) -> list[dict]:
+    """Messages asking for one call's arguments from the compressed signature."""
+    system = (f"{SIGNATURE_KEY}\nCall this tool: {signature}\n"
+              "Reply with only the JSON object of its arguments, taking values from the request.")
+    return [{"role": "system", "content": system}, *(history or []), {"role": "user", "content": request}]
+
+
+def full_schema_messages(schema_text: str, request: str, problem: str | None = None) -> list[dict]:
+    """Messages asking for the arguments with the tool's full schema in context (after a failed attempt)."""
+    system = f"{schema_text}\nReply with only the JSON object of the arguments, taking values from the request."
+    if problem:
+        system += f"\nA previous attempt was rejected: {problem}"
+    return [{"role": "system", "content": system}, {"role": "user", "content": request}]
+
+
+def observation_text(tool: str, arguments: dict, status: str, text: str, limit: int = 600) -> str:
+    """How a tool result (or failure) appears in the transcript."""
+    body = text if len(text) <= limit else text[:limit] + " …(truncated)"
+    args = json.dumps(arguments, separators=(",", ":"))
+    if status == "ok":
+        return f"Tool {tool}({args}) returned: {body}"
+    return f"Tool {tool}({args}) failed [{status}]: {body}"
+
+
+def answer_messages(request: str, observations: list[str], history: list[dict] | None = None) -> list[dict]:
+    """Messages for the final answer of a turn, with the turn's tool observations."""
+    msgs = [{"role": "system", "content": ANSWER_SYSTEM}, *(history or [])]
+    content = request
+    if observations:
+        content += "\n\n" + "\n".join(observations)
+    return msgs + [{"role": "user", "content": content}]
+
+
+def baseline_messages(tools, request: str) -> list[dict]:
+    """The concatenate-all-schemas baseline: every tool's full schema in the system prompt."""
+    schemas = "\n\n".join(render_schema(t) for t in tools)
+    system = (f"You can call these tools:\n\n{schemas}\n\n"
+              "Reply with only the JSON object of the chosen tool's arguments.")
+    return [{"role": "system", "content": system}, {"role": "user", "content": request}]

@@ -1,0 +1,151 @@
+"""MCP servers for the agent: started lazily, kept alive across turns, restarted once after a crash.
+
+Every call returns an `Observation` (never raises for a tool or server failure), so one broken tool cannot
+end the session: the model reads what went wrong instead.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from registry.client import ServerCommand, ServerError, SyncToolClient
+
+
+@dataclass
+class Observation:
+    """A tool call's outcome as the model will see it. status: ok | tool_error | timeout | server_error |
+    invalid_arguments | no_server; text: the result or a clear error; restarted: the server was restarted."""
+
+    tool: str
+    status: str
+    text: str
+    result: Any = None
+    elapsed_ms: float = 0.0
+    restarted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def as_dict(self) -> dict:
+        return {"tool": self.tool, "status": self.status, "text": self.text, "elapsed_ms": self.elapsed_ms,
+                "restarted": self.restarted}
+
+
+@dataclass
+class ServerPoolConfig:
+    """call_timeout_s: a call that takes longer is abandoned (and its server restarted on the next call);
+    start_timeout_s: seconds to start a server; max_restarts: restarts per server per session."""
+
+    call_timeout_s: float = 20.0
+    start_timeout_s: float = 20.0
+    max_restarts: int = 1
+
+    def __post_init__(self):
+        if self.call_timeout_s <= 0 or self.start_timeout_s <= 0:
+            raise ValueError("server timeouts must be > 0 seconds")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+
+
+@dataclass
+class _Server:
+    command: ServerCommand
+    client: SyncToolClient | None = None
+    restarts: int = 0
+    starts: int = 0
+    broken: bool = False  # last call timed out or crashed: restart before the next call
+
+
+class ServerPool:
+    """Servers by name (`commands`: name -> ServerCommand or command line), and which server serves a tool."""
+
+    def __init__(self, commands: dict[str, ServerCommand | str], tool_server: dict[str, str],
+                 config: ServerPoolConfig | None = None):
+        self.config = config or ServerPoolConfig()
+        self.tool_server = dict(tool_server)
+        self._servers = {n: _Server(ServerCommand.parse(c) if isinstance(c, str) else c) for n, c in commands.items()}
+
+    @classmethod
+    def from_store(cls, store, config: ServerPoolConfig | None = None) -> "ServerPool":
+        """Every registered server of a `RegistryStore` and the tools it serves."""
+        commands = {s.name: ServerCommand.parse(s.command, s.cwd) for s in store.list_servers()}
+        return cls(commands, {t.name: t.server for t in store.list_tools() if t.server}, config)
+
+    def running(self) -> list[str]:
+        return [n for n, s in self._servers.items() if s.client is not None]
+
+    def starts(self, server: str) -> int:
+        return self._servers[server].starts
+
+    def _start(self, srv: _Server) -> None:
+        srv.client = SyncToolClient(srv.command, self.config.start_timeout_s)
+        srv.starts += 1
+        srv.broken = False
+
+    def _stop(self, srv: _Server) -> None:
+        client, srv.client = srv.client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:
+                pass  # the server process is already gone
+
+    def call(self, tool: str, arguments: dict[str, Any]) -> Observation:
+        """Call `tool` on its server: start it if needed, restart it once after a crash or a hang."""
+        t0 = time.perf_counter()
+        name = self.tool_server.get(tool)
+        if name not in self._servers:
+            return Observation(tool, "no_server", f"no registered server provides tool {tool!r}; "
+                               "register it with `nexus register --server CMD`")
+        srv = self._servers[name]
+        restarted = False
+        for attempt in range(2):
+            try:
+                if srv.client is None or srv.broken:
+                    if srv.client is not None or srv.starts:
+                        if srv.restarts >= self.config.max_restarts:
+                            self._stop(srv)
+                            return Observation(tool, "server_error", f"server {name!r} failed and was already "
+                                               f"restarted {srv.restarts} time(s); not retrying", elapsed_ms=_ms(t0))
+                        srv.restarts += 1
+                        restarted = True
+                    self._stop(srv)
+                    self._start(srv)
+                res = srv.client.call_tool(tool, arguments, self.config.call_timeout_s)
+            except ServerError as e:
+                srv.broken = True
+                if "no answer within" in str(e):  # hung: keep the session going, restart before the next call
+                    return Observation(tool, "timeout", f"tool {tool!r} did not answer within "
+                                       f"{self.config.call_timeout_s:g} s; the call was abandoned",
+                                       elapsed_ms=_ms(t0), restarted=restarted)
+                if attempt == 0 and srv.restarts < self.config.max_restarts:
+                    continue  # crashed: restart once and retry the same call
+                return Observation(tool, "server_error", f"server {name!r} failed: {_first_line(e)}",
+                                   elapsed_ms=_ms(t0), restarted=restarted)
+            status = "tool_error" if res.is_error else "ok"
+            text = res.text if res.text else json.dumps(res.structured)
+            return Observation(tool, status, text, res.structured, _ms(t0), restarted)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Stop every running server (idempotent)."""
+        for srv in self._servers.values():
+            self._stop(srv)
+
+    def __enter__(self) -> "ServerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0][:300]

@@ -1,0 +1,60 @@
+"""Open an agent over the registry in the Nexus home: backend, router (SLB, rebuilt when stale), servers.
+
+This is the library entry point `nexus run` / `nexus chat` call; tests and evals call it directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nexus_agent.loop import Agent, AgentConfig
+from nexus_agent.memory import MemoryConfig
+from nexus_agent.servers import ServerPool, ServerPoolConfig
+from nexus_agent.trace import Trace
+
+
+@dataclass
+class SessionConfig:
+    """backend: llamacpp | mlx; model: a GGUF/MLX path (None: the packaged SmolLM2); route_mode: gate | embed |
+    rerank (slb.router); trace_path: JSONL trace file (None: in memory only)."""
+
+    backend: str = "llamacpp"
+    model: str | None = None
+    route_mode: str = "gate"
+    trace_path: str | None = None
+
+    def __post_init__(self):
+        if self.route_mode not in ("gate", "embed", "rerank"):
+            raise ValueError(f"unknown route mode {self.route_mode!r}; choose gate, embed or rerank")
+
+
+def ensure_router(store, mode: str = "gate"):
+    """A Router over the home SLB buffer, (re)built first when a registered tool is not embedded yet."""
+    from slb.service import FRESH_KIND, build, open_router
+
+    if store.stale_tools(FRESH_KIND):
+        build(store)
+    try:
+        return open_router(mode)
+    except (ValueError, FileNotFoundError):  # buffer missing or naming removed tools: rebuild once
+        build(store)
+        return open_router(mode)
+
+
+def open_agent(session: SessionConfig | None = None, agent: AgentConfig | None = None,
+               memory: MemoryConfig | None = None, servers: ServerPoolConfig | None = None,
+               on_text=None, on_event=None, store=None, backend=None) -> Agent:
+    """An Agent over the registered tools; close it with `.close()` (stops its servers)."""
+    from native import load_backend
+    from registry.store import RegistryStore
+
+    session = session or SessionConfig()
+    store = store or RegistryStore()
+    tools = {t.name: t for t in store.list_tools()}
+    if not tools:
+        raise ValueError("no tools are registered: run `nexus register --bundled calculator` (or --server CMD) first")
+    router = ensure_router(store, session.route_mode)
+    pool = ServerPool.from_store(store, servers)
+    backend = backend or load_backend(session.backend, session.model)
+    trace = Trace(session.trace_path, on_event)
+    return Agent(backend, router, tools, pool, agent, memory, trace, on_text)

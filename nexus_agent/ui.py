@@ -1,0 +1,58 @@
+"""Streamed terminal output for the agent with rich: routes, arguments as they are decoded, tool results."""
+
+from __future__ import annotations
+
+from rich.console import Console as RichConsole
+
+
+class Console:
+    """Receives the agent's trace events and streamed text; `quiet` prints only the answer."""
+
+    def __init__(self, quiet: bool = False):
+        self.out = RichConsole(highlight=False)
+        self.quiet = quiet
+        self._kind = None
+
+    def text(self, kind: str, piece: str) -> None:
+        if self.quiet and kind != "answer":
+            return
+        if kind != self._kind:
+            self._kind = kind
+            if kind == "answer":
+                self.out.print("\n[bold]answer[/bold] ", end="")
+            else:
+                self.out.print("  [dim]args[/dim] ", end="")
+        self.out.print(piece, end="", markup=False, highlight=False)
+
+    def event(self, e: dict) -> None:
+        if self.quiet:
+            return
+        kind = e["event"]
+        if kind == "route":
+            tool = e["tool"] or "(no tool)"
+            self.out.print(f"[cyan]route[/cyan] {e['step']!r} → [bold]{tool}[/bold] "
+                           f"[dim]{e['path']} score={e['score']:.2f} margin={e['margin']:.2f} "
+                           f"{e['route_ms']:.0f} ms[/dim]")
+        elif kind == "args":
+            self._kind = None
+            mark = "[green]valid[/green]" if e["valid"] else f"[red]invalid[/red]: {e['problem']}"
+            self.out.print(f"\n  [dim]{e['source']} · {e['prompt_tokens']} prompt tokens · first argument token "
+                           f"{e['ttfat_ms']:.0f} ms ·[/dim] {mark}")
+        elif kind == "full_schema":
+            self.out.print(f"  [yellow]full schema[/yellow] ({e.get('why')}): {e['how']}"
+                           + (f" [dim]({e['fallback']})[/dim]" if e.get("fallback") else ""))
+        elif kind == "tool_call":
+            style = "green" if e["status"] == "ok" else "red"
+            text = e["text"] if len(e["text"]) < 300 else e["text"][:300] + "…"
+            self.out.print(f"  [{style}]{e['status']}[/{style}] {e['tool']} [dim]{e['elapsed_ms']:.0f} ms[/dim]: ",
+                           end="")
+            self.out.print(text, markup=False)
+        elif kind == "memory" and e["action"] not in ("prefill",):
+            self.out.print(f"  [magenta]memory[/magenta] {e['action']} {e.get('reason', '')}")
+
+    def done(self, result) -> None:
+        self._kind = None
+        if self.quiet:
+            self.out.print()
+            return
+        self.out.print(f"\n[dim]{len(result.calls)} tool call(s)[/dim]")

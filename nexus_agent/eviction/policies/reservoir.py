@@ -1,0 +1,60 @@
+"""`reservoir`: Nexus Sampling — walk scoring plus an n-averaged weighted reservoir over blocks
+(papers/nexus-sampling-reservoir-eviction.txt; DESIGN §7)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import logsumexp
+
+from nexus_agent.eviction.policy import Observation, Policy, expand, pool
+
+
+@dataclass
+class ReservoirPolicy(Policy):
+    """score(): a = mean window attention (row-normalized, head-averaged over the group); walk C over the last
+    `walk_rows` window rows with γ = 1 + ⟨a_q, C⟩, C ← C + γ a_q; s = a + λ C/‖C‖₁, (Hkv, N). The walk runs on
+    token rows and the base sums tokens into blocks (the paper walks block rows; same ordering up to γ scale).
+    select(): w_j = s_j + ε j/(nb−1); log π_j = logsumexp_i(log u_j⁽ⁱ⁾ / w_j) − log n over n uniforms; keep the
+    top-K blocks by log π. n=None is n→∞ (deterministic top-K by w); n=1 is Efraimidis–Spirakis sampling."""
+
+    name = "reservoir"
+    randomized = False  # kept blocks carry no offset: the reservoir keys are a sample, not an estimator
+    n: int | None = 5
+    lam: float = 0.5
+    walk_rows: int = 3
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.n is not None and self.n < 1:
+            raise ValueError(f"n must be >= 1 or None (n -> infinity), got {self.n}")
+        if self.lam < 0 or self.walk_rows < 1:
+            raise ValueError(f"need lam >= 0 and walk_rows >= 1, got {self.lam}, {self.walk_rows}")
+
+    def score(self, obs: Observation) -> np.ndarray:
+        att = obs.attention()  # (H, W, N)
+        rows = obs.head_mean(att)  # (Hkv, W, N)
+        a = rows.mean(1)
+        c = np.zeros_like(a)
+        for q in range(max(0, rows.shape[1] - self.walk_rows), rows.shape[1]):
+            gamma = 1.0 + (rows[:, q] * c).sum(-1, keepdims=True)
+            c = c + gamma * rows[:, q]
+        return a + self.lam * c / (c.sum(-1, keepdims=True) + 1e-30)
+
+    def select(self, scores, protected, k_blocks, ids, rng):
+        bs = pool(scores, ids)  # (R, nb)
+        r, nb = bs.shape
+        w = bs + self.eps * np.arange(nb) / max(nb - 1, 1)
+        w = np.maximum(w, 1e-30)
+        if self.n is None:
+            key = np.log(w)
+        else:
+            u = rng.random((self.n, r, nb))
+            key = logsumexp(np.log(u) / w[None], axis=0) - np.log(self.n)
+        keep_b = np.zeros((r, nb), dtype=bool)
+        k = min(k_blocks, nb)
+        if k > 0:
+            np.put_along_axis(keep_b, np.argpartition(-key, k - 1, axis=1)[:, :k], True, axis=1)
+        keep = expand(keep_b, ids, True)
+        return keep, np.ones(keep.shape, dtype=np.float64)

@@ -1,0 +1,106 @@
+"""The shared base of all eviction policies: observation, block pooling, top-k and protection.
+
+A policy sees one layer at a time through an `Observation` and returns scores (rows, N) with `score()`;
+the base turns scores into a keep mask at block granularity with deterministic top-k. Randomized policies
+(reservoir, certified) override `select()` instead and also return the inclusion probabilities π of what they
+kept, which the cache turns into the Hájek offset log(1/π). Rows are KV heads (offline replay, per-head sets)
+or a single aggregated row (the runtime cache, one slot set shared by all layers and heads).
+Shapes: H query heads, Hkv KV heads, N cached keys, W buffered queries, D head dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Observation:
+    """One layer's cache as float32 NumPy: keys/values (Hkv, N, D) post-RoPE, positions (N,), queries (H, W, D)
+    post-RoPE at qpos (W,), h2o (Hkv, N) accumulated attention or None."""
+
+    keys: np.ndarray
+    values: np.ndarray
+    positions: np.ndarray
+    queries: np.ndarray
+    qpos: np.ndarray
+    h2o: np.ndarray | None = None
+
+    @property
+    def group(self) -> int:
+        return self.queries.shape[0] // self.keys.shape[0]
+
+    def attention(self) -> np.ndarray:
+        """Causal softmax attention of the buffered queries, (H, W, N), rows sum to 1."""
+        k = np.repeat(self.keys, self.group, axis=0)  # (H, N, D)
+        logits = self.queries @ k.transpose(0, 2, 1) / np.sqrt(self.keys.shape[-1])  # (H, W, N)
+        logits = np.where(self.positions[None, None, :] <= self.qpos[None, :, None], logits, -np.inf)
+        logits -= logits.max(-1, keepdims=True)
+        a = np.exp(logits)
+        return a / a.sum(-1, keepdims=True)
+
+    def head_mean(self, per_query_head: np.ndarray) -> np.ndarray:
+        """Average (H, ...) over the query heads of each KV group -> (Hkv, ...)."""
+        h = per_query_head.shape[0]
+        return per_query_head.reshape(h // self.group, self.group, *per_query_head.shape[1:]).mean(1)
+
+
+def block_ids(n: int, protected: np.ndarray, block: int) -> np.ndarray:
+    """Block index of each of the N slots (-1 for protected slots); unprotected slots are cut in slot order."""
+    ids = np.full(n, -1, dtype=np.int64)
+    free = np.nonzero(~protected)[0]
+    ids[free] = np.arange(len(free)) // block
+    return ids
+
+
+def pool(scores: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Sum token scores (R, N) into block scores (R, nb) with the ids from `block_ids`."""
+    nb = int(ids.max()) + 1 if (ids >= 0).any() else 0
+    out = np.zeros((scores.shape[0], nb), dtype=np.float64)
+    m = ids >= 0
+    for r in range(scores.shape[0]):
+        out[r] = np.bincount(ids[m], weights=scores[r, m], minlength=nb)
+    return out
+
+
+def expand(block_values: np.ndarray, ids: np.ndarray, protected_value) -> np.ndarray:
+    """Map block values (R, nb) back to slots (R, N); protected slots get `protected_value`."""
+    out = np.full((block_values.shape[0], len(ids)), protected_value, dtype=block_values.dtype)
+    m = ids >= 0
+    out[:, m] = block_values[:, ids[m]]
+    return out
+
+
+@dataclass
+class Policy:
+    """Base of all policies. `name` is the registry key; subclasses implement `score` or `select`."""
+
+    name = "base"
+    needs_history = False  # True: the cache must accumulate attention of every query (H2O)
+    randomized = False  # True: select() returns π < 1 and the cache adds log(1/π) to kept keys
+    evicts = True  # False: the cache never runs this policy (full)
+
+    def score(self, obs: Observation) -> np.ndarray:
+        """Keep-worthiness of each key, (Hkv, N), higher = keep."""
+        raise NotImplementedError(f"{type(self).__name__} must implement score() or select()")
+
+    def select(self, scores: np.ndarray, protected: np.ndarray, k_blocks: int, ids: np.ndarray,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Deterministic top-k blocks. scores (R, N); returns keep (R, N) bool and π (R, N) = 1."""
+        bs = pool(scores, ids)  # (R, nb)
+        keep_b = np.zeros(bs.shape, dtype=bool)
+        k = min(k_blocks, bs.shape[1])
+        if k > 0:
+            top = np.argpartition(-bs, k - 1, axis=1)[:, :k]
+            np.put_along_axis(keep_b, top, True, axis=1)
+        keep = expand(keep_b, ids, True)
+        return keep, np.ones(keep.shape, dtype=np.float64)
+
+
+def protected_mask(positions: np.ndarray, n_past: int, sinks: int, recent: int) -> np.ndarray:
+    """(N,) True for the first `sinks` cached positions and positions within `recent` of n_past."""
+    order = np.argsort(positions, kind="stable")
+    prot = positions >= n_past - recent
+    prot[order[:sinks]] = True
+    return prot

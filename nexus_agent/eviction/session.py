@@ -1,0 +1,236 @@
+"""`EvictingSession`: an MLX session kept inside a KV budget by one policy, with certificate and disk tier.
+
+Wraps `native.mlx_backend.MLXSession` (compose, do not subclass): prefill/decode/forward_logits pass through;
+the cache's query hook buffers the last W queries per layer (and accumulates attention for H2O); eviction runs
+at the end of the first prefill and whenever the cache exceeds the budget by a block. Evicted slots are
+compacted out of memory (`LayerKV.keep`) and written to the spill file. Randomized policies store π per slot
+(multiplied across evictions) and the cache adds log(1/π) to those keys' logits (the Hájek offset).
+During the first `cert_steps` answer steps after `begin_answer()` the hook certifies every `cert_head_stride`-th
+query head of every layer; `certificate` and `red_flag` (certificate ≥ 1) summarise them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from nexus_agent.eviction.certificate import aggregate, certify_cell
+from nexus_agent.eviction.config import EvictionConfig
+from nexus_agent.eviction.policy import Observation, Policy, block_ids, protected_mask
+from nexus_agent.eviction.spill import SpillFile
+
+
+class EvictingSession:
+    def __init__(self, session, policy: Policy, config: EvictionConfig | None = None,
+                 spill_path: str | Path | None = None, cert_steps: int = 6, cert_head_stride: int = 4,
+                 delta: float = 0.1):
+        if not session.backend.capabilities.can_bias_keys:
+            raise ValueError("EvictingSession needs a backend with per-key bias (MLX); use eviction.positional for llama.cpp")
+        self.inner, self.policy, self.config = session, policy, config or EvictionConfig()
+        self.cache, self.info = session.cache, session.info
+        self.rng = np.random.default_rng(self.config.seed)
+        self.budget: int | None = None if isinstance(self.config.budget, float) else self.config.budget
+        self.pi = np.ones(0)  # (S,) cumulative inclusion probability per slot
+        self.unit = np.zeros(0, dtype=np.int64)  # (S,) last Poisson sampling unit (-1: π = 1)
+        self._next_unit = 0
+        self.h2o: list[np.ndarray] = [np.zeros((self.info.n_kv_heads, 0)) for _ in range(self.info.n_layers)]
+        self.queries: list[list] = [[] for _ in range(self.info.n_layers)]  # per layer: [(q mx (H,T,D), qpos)]
+        self.spill = SpillFile(spill_path, self.info.n_layers, self.info.n_kv_heads, self.info.head_dim) if spill_path else None
+        self.cert_steps, self.cert_head_stride, self.delta = cert_steps, cert_head_stride, delta
+        self._cert_cells: dict[int, list[float]] | None = None
+        self.var_contrib = np.zeros(0)  # (S,) accumulated certificate variance contribution per slot
+        self.evict_ms: list[float] = []
+        self.cache.query_hook = self._hook
+
+    # -- pass-through ------------------------------------------------------------------------------------------
+    @property
+    def n_past(self) -> int:
+        return self.inner.n_past
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.inner.tokens
+
+    def prefill(self, tokens) -> np.ndarray:
+        out = self.inner.prefill(tokens)
+        self._after_forward(first=self.budget is None)
+        return out
+
+    def decode(self, token: int) -> np.ndarray:
+        out = self.inner.decode(token)
+        self._after_forward()
+        return out
+
+    def forward_logits(self, tokens) -> np.ndarray:
+        out = self.inner.forward_logits(tokens)
+        self._after_forward(first=self.budget is None)
+        return out
+
+    def remove(self, start: int, end: int) -> None:
+        """Drop positions [start, end) without spilling them (rewinding a probe), keeping per-slot state aligned."""
+        pos = self.cache.positions
+        keep = np.nonzero((pos < start) | (pos >= end))[0]
+        self._sync()
+        self.inner.remove(start, end)
+        self._compact(keep)
+
+    # -- hook ----------------------------------------------------------------------------------------------------
+    def _hook(self, layer: int, q: mx.array, qpos: np.ndarray) -> None:
+        w = self.config.window
+        buf = self.queries[layer]
+        buf.append((q[0, :, -w:, :], qpos[-w:]))
+        if sum(len(p) for _, p in buf) > 2 * w:
+            self.queries[layer] = buf[-w:]
+        lk = self.cache.layers[layer]
+        if self.policy.needs_history:
+            keys, _ = lk.view()
+            att = mx.softmax(q[0] @ mx.repeat(keys[0], q.shape[1] // keys.shape[1], axis=0).transpose(0, 2, 1)
+                             * self.info.head_dim**-0.5 + lk.mask(qpos)[0], axis=-1).sum(1)  # (H, S)
+            g = q.shape[1] // keys.shape[1]
+            acc = np.array(att.reshape(keys.shape[1], g, -1).mean(1))
+            old = self.h2o[layer]
+            self.h2o[layer] = np.concatenate([old, np.zeros((old.shape[0], acc.shape[1] - old.shape[1]))], 1) + acc
+        if self._cert_cells is not None:
+            self._certify(layer, q, qpos)
+
+    def _window(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        buf = self.queries[layer]
+        q = np.concatenate([np.array(x.astype(mx.float32)) for x, _ in buf], axis=1)
+        p = np.concatenate([p for _, p in buf])
+        w = self.config.window
+        return q[:, -w:], p[-w:]
+
+    # -- eviction ------------------------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        n = self.cache.length
+        self.pi = np.concatenate([self.pi, np.ones(n - len(self.pi))])
+        self.unit = np.concatenate([self.unit, np.full(n - len(self.unit), -1, dtype=np.int64)])
+        self.var_contrib = np.concatenate([self.var_contrib, np.zeros(n - len(self.var_contrib))])
+
+    def _compact(self, slots: np.ndarray) -> None:
+        n = len(self.pi)
+        self.pi, self.unit, self.var_contrib = self.pi[slots], self.unit[slots], self.var_contrib[slots]
+        if self.policy.needs_history:
+            self.h2o = [np.pad(h, ((0, 0), (0, n - h.shape[1])))[:, slots] for h in self.h2o]
+
+    def _after_forward(self, first: bool = False) -> None:
+        self._sync()
+        if first:
+            self.budget = self.config.tokens(self.cache.length)
+        if self.policy.evicts and self.cache.length > self.budget + (0 if first else self.config.block):
+            self.evict()
+
+    def evict(self) -> None:
+        """Score every layer, select one slot set for all layers down to the budget, spill and compact."""
+        t0 = time.perf_counter()
+        self._sync()
+        c, cache = self.config, self.cache
+        pos, n = cache.positions.copy(), cache.length
+        protected = protected_mask(pos, self.n_past, c.sinks, c.recent)
+        k_blocks = max(0, (self.budget - int(protected.sum())) // c.block)
+        ids = block_ids(n, protected, c.block)
+        agg = np.zeros(n)
+        for li, layer in enumerate(cache.layers):
+            k, v = layer.view()
+            q, qp = self._window(li)
+            obs = Observation(np.array(k[0].astype(mx.float32)), np.array(v[0].astype(mx.float32)), pos, q, qp,
+                              self.h2o[li] if self.policy.needs_history else None)
+            s = self.policy.score(obs)
+            s = s - s.min(1, keepdims=True)
+            agg += (s / (s.sum(1, keepdims=True) + 1e-30)).mean(0)
+        keep, pi = self.policy.select(agg[None] / len(cache.layers), protected, k_blocks, ids, self.rng)
+        keep, pi = keep[0], pi[0]
+        slots, gone = np.nonzero(keep)[0], np.nonzero(~keep)[0]
+        if self.spill is not None and len(gone):
+            kk, vv = cache.export(gone)
+            self.spill.write(pos[gone], np.array([self.inner.tokens[s] for s in gone]), kk, vv)
+        sampled = keep & (pi < 1.0)
+        if sampled.any():
+            _, inv = np.unique(ids[sampled], return_inverse=True)
+            self.unit[sampled] = self._next_unit + inv
+            self._next_unit += int(inv.max()) + 1
+        self.pi = self.pi * pi
+        cache.keep(slots)
+        self.inner.tokens = [self.inner.tokens[s] for s in slots]
+        self._compact(slots)
+        self._apply_bias()
+        self.evict_ms.append(1e3 * (time.perf_counter() - t0))
+
+    def _apply_bias(self) -> None:
+        if not self.policy.randomized or (self.pi >= 1.0).all():
+            return
+        bias = np.broadcast_to(np.log(1.0 / self.pi).astype(np.float32), (self.info.n_kv_heads, len(self.pi)))
+        for layer in self.cache.layers:
+            layer.bias = bias.copy()
+
+    # -- certificate ---------------------------------------------------------------------------------------------
+    def begin_answer(self) -> None:
+        """Start certifying: the next `cert_steps` query positions are answer steps."""
+        self._cert_cells = {}
+        self._cert_start = self.n_past
+
+    @property
+    def certificate(self) -> float:
+        """Max over answer steps of the mean cert over (layer, every 4th head) cells; 0.0 before any answer."""
+        return aggregate(self._cert_cells or {})
+
+    @property
+    def red_flag(self) -> bool:
+        return self.certificate >= 1.0
+
+    def _certify(self, layer: int, q: mx.array, qpos: np.ndarray) -> None:
+        steps = [t for t, p in enumerate(qpos) if p - self._cert_start < self.cert_steps]
+        if not steps:
+            return
+        self._sync()
+        lk = self.cache.layers[layer]
+        k, v = lk.view()
+        keys, values = np.array(k[0].astype(mx.float32)), np.array(v[0].astype(mx.float32))
+        qs = np.array(q[0].astype(mx.float32))
+        g = qs.shape[0] // keys.shape[0]
+        for t in steps:
+            vis = lk.positions <= qpos[t]
+            for h in range(0, qs.shape[0], self.cert_head_stride):
+                cert, _, contrib = certify_cell(qs[h, t], keys[h // g, vis], values[h // g, vis], self.pi[vis],
+                                                self.unit[vis], self.delta)
+                self._cert_cells.setdefault(int(qpos[t]), []).append(cert)
+                self.var_contrib[np.nonzero(vis)[0]] += contrib
+
+    # -- disk tier -----------------------------------------------------------------------------------------------
+    def recall(self, budget_tokens: int, block: int = 64) -> np.ndarray:
+        """Bring back the evicted `block`-token blocks whose retained neighbours carry the most certificate
+        variance, up to `budget_tokens`; returns the recalled positions. Restored K/V are the spilled bytes.
+        Afterwards the Hájek offsets are dropped (π = 1): the enlarged cache is attended plainly."""
+        if self.spill is None or not len(self.spill.available()):
+            return np.zeros(0, dtype=np.int64)
+        self._sync()
+        avail = np.sort(self.spill.available())
+        pos = self.cache.positions
+        blocks = np.unique(avail // block)
+        score = np.array([self.var_contrib[(pos >= (b - 1) * block) & (pos < (b + 2) * block)].sum() for b in blocks])
+        chosen: list[int] = []
+        for b in blocks[np.argsort(-score, kind="stable")]:
+            members = avail[avail // block == b]
+            if len(chosen) + len(members) > budget_tokens:
+                continue
+            chosen += members.tolist()
+        chosen_arr = np.array(sorted(chosen), dtype=np.int64)
+        if not len(chosen_arr):
+            return chosen_arr
+        k, v, toks = self.spill.read(chosen_arr)
+        self.cache.insert(mx.array(k), mx.array(v), chosen_arr)
+        self.inner.tokens += [int(t) for t in toks]
+        self._sync()
+        self.pi[:] = 1.0
+        self.unit[:] = -1
+        for layer in self.cache.layers:
+            layer.bias = None
+        return chosen_arr
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.query_hook = None
+        self.inner.close()

@@ -1,0 +1,55 @@
+"""The disk tier: evicted tokens' K/V in an append-only, mmap-able spill file, recalled bit for bit.
+
+File layout: consecutive fixed-size records, one per evicted token, each (2, L, Hkv, D) in the cache dtype
+(keys post-RoPE at the token's original position, then values). Positions and token ids stay in memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+class SpillFile:
+    """Append evicted tokens; `read` memory-maps the file and gathers records by position."""
+
+    def __init__(self, path: str | Path, n_layers: int, n_kv_heads: int, head_dim: int, dtype=np.float32):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_bytes(b"")
+        self.shape = (2, n_layers, n_kv_heads, head_dim)
+        self.dtype = np.dtype(dtype)
+        self.positions = np.zeros(0, dtype=np.int64)
+        self.tokens = np.zeros(0, dtype=np.int64)
+        self.recalled = np.zeros(0, dtype=bool)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def write(self, positions: np.ndarray, tokens: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
+        """positions/tokens (T,), keys/values (L, Hkv, T, D) -> T records appended to the file."""
+        rec = np.stack([keys, values]).transpose(3, 0, 1, 2, 4).astype(self.dtype, copy=False)  # (T, 2, L, Hkv, D)
+        with open(self.path, "ab") as f:
+            f.write(np.ascontiguousarray(rec).tobytes())
+        self.positions = np.concatenate([self.positions, np.asarray(positions, np.int64)])
+        self.tokens = np.concatenate([self.tokens, np.asarray(tokens, np.int64)])
+        self.recalled = np.concatenate([self.recalled, np.zeros(len(positions), dtype=bool)])
+
+    def available(self) -> np.ndarray:
+        """Positions on disk that are not currently recalled into the cache."""
+        return self.positions[~self.recalled]
+
+    def read(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Records for `positions` (T,) -> keys, values (L, Hkv, T, D) and tokens (T,); marks them recalled."""
+        lookup = {int(p): i for i, p in enumerate(self.positions) if not self.recalled[i]}
+        try:
+            idx = np.array([lookup[int(p)] for p in positions], dtype=np.int64)
+        except KeyError as e:
+            raise ValueError(f"position {e.args[0]} is not in the spill file {self.path}") from None
+        mm = np.memmap(self.path, dtype=self.dtype, mode="r", shape=(len(self.positions), *self.shape))
+        rec = np.array(mm[idx])  # (T, 2, L, Hkv, D)
+        del mm
+        self.recalled[idx] = True
+        kv = rec.transpose(1, 2, 3, 0, 4)  # (2, L, Hkv, T, D)
+        return kv[0], kv[1], self.tokens[idx]

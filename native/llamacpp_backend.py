@@ -172,25 +172,36 @@ class LlamaCppSession:
     def _layout(self) -> dict:
         return {"backend": "llamacpp", "fingerprint": self.info.fingerprint, "flash_attn": False, "kv_unified": True}
 
-    def import_kv(self, kv: KVRange) -> None:
-        """Load a state blob into the scratch sequence, shift it to `n_past`, then share it with the live one."""
+    def import_kv(self, kv: KVRange, span: tuple[int, int] | None = None) -> None:
+        """Load a state blob into the scratch sequence, shift it to `n_past`, then share it with the live one.
+
+        `span` = (a, b) imports only the entries kv[a:b] (indices into the range, not positions); entry a lands
+        at `n_past`. Used by splice repair (a re-decoded head or suffix is decoded as text instead).
+        """
         if kv.blob is None:
             raise BackendError("this KV range has no llama.cpp state (was it exported by another backend?)")
         if kv.meta and kv.meta != self._layout():
             raise BackendError(f"KV range layout {kv.meta} does not match this session {self._layout()}")
-        n = len(kv)
+        a, b = span if span is not None else (0, len(kv))
+        if not 0 <= a < b <= len(kv):
+            raise BackendError(f"span {span} is outside this KV range of {len(kv)} entries")
+        n = b - a
         if self.n_past + n > self.n_ctx:
             raise BackendError(f"context full: {self.n_past} + {n} tokens > n_ctx={self.n_ctx}")
         buf = (ctypes.c_uint8 * len(kv.blob)).from_buffer_copy(kv.blob)
         if C.llama_state_seq_set_data(self._ctx, buf, len(kv.blob), SCRATCH) == 0:
             raise BackendError("llama.cpp rejected the KV state (layout or model mismatch)")
-        p0, p1 = int(kv.positions[0]), int(kv.positions[-1]) + 1
+        p0, p1 = int(kv.positions[a]), int(kv.positions[b - 1]) + 1
+        if a > 0:
+            C.llama_memory_seq_rm(self._mem, SCRATCH, -1, p0)
+        if b < len(kv):
+            C.llama_memory_seq_rm(self._mem, SCRATCH, p1, -1)
         delta = self.n_past - p0
         if delta:
             C.llama_memory_seq_add(self._mem, SCRATCH, p0, p1, delta)  # shift before sharing (cells are shared)
         C.llama_memory_seq_cp(self._mem, SCRATCH, LIVE, -1, -1)
         C.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
-        for p, t in zip(kv.positions, kv.tokens):
+        for p, t in zip(kv.positions[a:b], kv.tokens[a:b]):
             self.tokens[int(p) + delta] = int(t)
         self.n_past = p1 + delta
 

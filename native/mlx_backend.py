@@ -85,10 +85,19 @@ class MLXSession:
         tokens = np.array([self.tokens[s] for s in slots], dtype=np.int64)
         return KVRange(positions=self.cache.positions[slots].copy(), tokens=tokens, keys=keys, values=values)
 
-    def import_kv(self, kv: KVRange) -> None:
-        """Insert `kv` at depth `n_past`: rotate keys by delta = n_past - first position (RoPE composes)."""
+    def import_kv(self, kv: KVRange, span: tuple[int, int] | None = None, rotate: bool = True) -> None:
+        """Insert `kv` at depth `n_past`: rotate keys by delta = n_past - first position (RoPE composes).
+
+        `span` = (a, b) imports only the entries kv[a:b] (indices, not positions); entry a lands at `n_past`.
+        `rotate=False` keeps the keys as exported (a "bare" splice, only for measuring what re-anchoring buys).
+        """
         if kv.keys is None or kv.values is None:
             raise BackendError("this KV range has no keys/values arrays (was it exported by another backend?)")
+        if span is not None:
+            a, b = span
+            if not 0 <= a < b <= len(kv):
+                raise BackendError(f"span {span} is outside this KV range of {len(kv)} entries")
+            kv = KVRange(positions=kv.positions[a:b], tokens=kv.tokens[a:b], keys=kv.keys[:, :, a:b], values=kv.values[:, :, a:b])
         i = self.info
         if kv.keys.shape[:2] != (i.n_layers, i.n_kv_heads) or kv.keys.shape[3] != i.head_dim:
             raise BackendError(f"KV range layout {kv.keys.shape} does not match the model ({i.n_layers}, {i.n_kv_heads}, T, {i.head_dim})")
@@ -96,7 +105,7 @@ class MLXSession:
         if self.n_past + n > self.n_ctx:
             raise BackendError(f"context full: {self.n_past} + {n} tokens > n_ctx={self.n_ctx}")
         delta = self.n_past - int(kv.positions[0])
-        keys = reanchor_keys(mx.array(kv.keys), delta, self.info)
+        keys = reanchor_keys(mx.array(kv.keys), delta if rotate else 0, self.info)
         positions = kv.positions - kv.positions[0] + self.n_past
         self.cache.insert(keys, mx.array(kv.values), positions)
         self.tokens += [int(t) for t in kv.tokens]

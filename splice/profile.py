@@ -1,0 +1,91 @@
+"""The per-model splice profile: how many head tokens to re-decode at each depth, and where to stop splicing.
+
+`nexus splice calibrate` measures fidelity on a calibration set and writes `profiles/<fp>.json`; the splicer
+reads it. The repair curve is a step function over calibrated depths: a splice at depth n uses the entry of the
+smallest calibrated depth >= n (conservative); beyond `max_depth` the segment is prefilled as text (fail closed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from nexus_agent.home import home_path
+
+REPAIR_MODES = ("none", "head", "suffix", "text")
+
+
+@dataclass(frozen=True)
+class RepairPlan:
+    """How one splice is done. `mode`: none (re-anchored block), head (decode the first `n` block tokens as
+    text, splice the rest), suffix (splice all but the last `n`, decode those), text (prefill all of it).
+    `rotate=False` skips the RoPE re-anchor (the measured "bare" baseline; MLX only)."""
+
+    mode: str = "head"
+    n: int = 16
+    rotate: bool = True
+
+    def __post_init__(self):
+        if self.mode not in REPAIR_MODES:
+            raise ValueError(f"RepairPlan.mode must be one of {REPAIR_MODES}, got {self.mode!r}")
+        if self.n < 0:
+            raise ValueError(f"RepairPlan.n must be >= 0 tokens, got {self.n}")
+
+
+@dataclass
+class SpliceProfile:
+    """Calibrated repair curve for one (backend, model). `curve` is [[depth, head_tokens], ...] sorted by depth."""
+
+    backend: str
+    fingerprint: str
+    target_kl: float = 0.01
+    curve: list[list[int]] = field(default_factory=lambda: [[2048, 16]])
+    max_depth: int = 2048
+    measured: dict = field(default_factory=dict)  # the calibration table the curve came from
+
+    def __post_init__(self):
+        self.curve = sorted([int(d), int(n)] for d, n in self.curve)
+        if any(n < 0 for _, n in self.curve):
+            raise ValueError("SpliceProfile.curve head counts must be >= 0")
+        if self.target_kl <= 0:
+            raise ValueError(f"SpliceProfile.target_kl must be > 0 nats, got {self.target_kl}")
+
+    def plan_for(self, depth: int, n_tokens: int) -> RepairPlan:
+        """The repair for a splice at `depth` tokens after the system prompt of a block of `n_tokens`."""
+        if depth > self.max_depth:
+            return RepairPlan("text", n_tokens)
+        for d, n in self.curve:
+            if depth <= d:
+                return RepairPlan("text", n_tokens) if n >= n_tokens else RepairPlan("head", n) if n else RepairPlan("none", 0)
+        return RepairPlan("text", n_tokens)
+
+    def save(self) -> Path:
+        """Merge this profile into `profiles/<fp>.json` under ["splice"][backend] (other keys are kept)."""
+        path = profile_path(self.fingerprint)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data.setdefault("splice", {})[self.backend] = asdict(self)
+        tmp = Path(f"{path}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        tmp.replace(path)
+        return path
+
+
+def profile_path(fingerprint: str) -> Path:
+    return home_path("profiles", f"{fingerprint}.json")
+
+
+def load_profile(backend) -> SpliceProfile:
+    """The calibrated profile of this backend+model, or the uncalibrated default (head-16 up to 2048)."""
+    path = profile_path(backend.info.fingerprint)
+    try:
+        data = json.loads(path.read_text()).get("splice", {}).get(backend.name) if path.exists() else None
+        if data is None:
+            return SpliceProfile(backend=backend.name, fingerprint=backend.info.fingerprint)
+        prof = SpliceProfile(**data)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: unreadable splice profile ({e}); rerun `nexus splice calibrate`") from None
+    if prof.fingerprint != backend.info.fingerprint or prof.backend != backend.name:
+        raise ValueError(f"{path}: profile is for another model/backend; rerun `nexus splice calibrate`")
+    return prof

@@ -1,0 +1,91 @@
+"""Splice a compiled block into a live session at its current depth, with the planned repair; fail closed.
+
+`splice_tool` is what the agent calls: it loads (mmap) and verifies the block, asks the profile for a plan
+and applies it. Any block problem (missing, foreign, stale, corrupted, truncated) or a plan of `text` prefills
+the segment as text instead, so a splice is never worse than text prefill and never uses a wrong block.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from native.base import KVRange
+from registry.model import Tool
+from splice.block import BlockError, load_block
+from splice.compiler import block_key, block_path
+from splice.profile import RepairPlan, SpliceProfile, load_profile
+from splice.prompt import segment_tokens
+
+
+@dataclass
+class SpliceResult:
+    """What happened: `plan` applied, tokens decoded as text (`redecoded`) out of `n_tokens`, timings in ms."""
+
+    plan: RepairPlan
+    n_tokens: int
+    redecoded: int
+    load_ms: float = 0.0
+    splice_ms: float = 0.0
+    fallback: str | None = None  # why the block was not used (None when it was)
+
+    @property
+    def redecode_frac(self) -> float:
+        return self.redecoded / self.n_tokens if self.n_tokens else 0.0
+
+
+def apply_plan(session, kv: KVRange, plan: RepairPlan) -> int:
+    """Insert block `kv` at `session.n_past` per `plan`; returns how many block tokens were decoded as text.
+
+    head n: decode kv.tokens[:n] as text, then import kv[n:] re-anchored right after them (a batch must start at
+    the last position + 1, so the head goes first). suffix n: import kv[:T-n], then decode the last n tokens.
+    """
+    T = len(kv)
+    tokens = [int(t) for t in kv.tokens]
+    n = min(plan.n, T)
+    if plan.mode == "text" or n >= T and plan.mode != "none":
+        session.prefill(tokens)
+        return T
+    kwargs = {} if plan.rotate else {"rotate": False}
+    if plan.mode == "head" and n:
+        session.prefill(tokens[:n])
+        session.import_kv(kv, span=(n, T), **kwargs)
+        return n
+    if plan.mode == "suffix" and n:
+        session.import_kv(kv, span=(0, T - n), **kwargs)
+        session.prefill(tokens[T - n :])
+        return n
+    session.import_kv(kv, **kwargs) if kwargs else session.import_kv(kv)
+    return 0
+
+
+def splice_tool(session, backend, tool: Tool, depth: int, profile: SpliceProfile | None = None,
+                root: Path | None = None) -> SpliceResult:
+    """Put `tool`'s schema segment into `session` at `session.n_past`; `depth` = tokens after the system prompt.
+
+    Uses the block file when it verifies and the profile allows; otherwise prefills the segment as text.
+    """
+    profile = profile or load_profile(backend)
+    t0 = time.perf_counter()
+    try:
+        header, kv = load_block(block_path(backend, tool, root), block_key(backend, tool))
+        if not tokens_match(kv, segment_tokens(backend.tokenizer, tool)):
+            raise BlockError(f"block of {tool.name} holds other tokens than the current prompt format; recompile it")
+    except BlockError as e:
+        seg = segment_tokens(backend.tokenizer, tool)
+        session.prefill(seg)
+        return SpliceResult(RepairPlan("text", len(seg)), len(seg), len(seg), fallback=str(e),
+                            splice_ms=1e3 * (time.perf_counter() - t0))
+    t1 = time.perf_counter()
+    plan = profile.plan_for(depth, len(kv))
+    redecoded = apply_plan(session, kv, plan)
+    t2 = time.perf_counter()
+    return SpliceResult(plan, len(kv), redecoded, load_ms=1e3 * (t1 - t0), splice_ms=1e3 * (t2 - t1),
+                        fallback="profile: depth beyond calibrated range" if plan.mode == "text" else None)
+
+
+def tokens_match(kv: KVRange, tokens: list[int]) -> bool:
+    return len(kv) == len(tokens) and bool(np.array_equal(kv.tokens, np.asarray(tokens)))

@@ -14,6 +14,7 @@ from pathlib import Path
 # name -> module; the module's docstring first line is the help text.
 EVALS: dict[str, str] = {
     "backends": "evals.backends",
+    "eviction": "evals.eviction",
     "routing": "evals.routing",
     "scan": "evals.scan",
 }

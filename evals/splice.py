@@ -1,0 +1,124 @@
+"""Splice fidelity and TTFT vs depth: bare / re-anchored / repaired (calibrated profile) / text, per backend.
+
+For each backend, depth and eval tool: KL(one-shot text prefill || variant) and top-1 agreement over the 8
+teacher-forced positions after the user turn, TTFT (segment + user turn) and the share of block tokens decoded
+as text, averaged over tools. `text` prefills the same segment in separate batches (the backend's noise
+floor). `suffix` (the reference design: re-decode the last 25%) is reported too. Eval tools are sampled
+with a seed disjoint from calibration. `--calibrate` runs `nexus splice calibrate` first.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+VARIANTS = ("bare", "reanchored", "repaired", "suffix", "text")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from splice.cli import DEFAULT_CATALOG
+
+    p.add_argument("--backend", default="llamacpp,mlx", help="comma-separated: llamacpp, mlx")
+    p.add_argument("--depths", default="0,64,256,512,1024,2048")
+    p.add_argument("--tool-file", default=str(DEFAULT_CATALOG))
+    p.add_argument("--n-tools", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--calibrate", action="store_true", help="calibrate the profile first (else use the saved one)")
+    p.add_argument("--plot", default=None, help="write a PNG of KL and speedup vs depth")
+
+
+def _plans(backend, profile, depth, n_tokens):
+    from splice.profile import RepairPlan
+
+    return {
+        "bare": RepairPlan("none", 0, rotate=False) if backend.name == "mlx" else None,  # llama.cpp always rotates
+        "reanchored": RepairPlan("none", 0),
+        "repaired": profile.plan_for(depth, n_tokens),
+        "suffix": RepairPlan("suffix", n_tokens // 4),
+        "text": RepairPlan("text", n_tokens),
+    }
+
+
+def run_backend(name: str, args) -> dict:
+    import numpy as np
+
+    from native import load_backend
+    from splice.block import load_block
+    from splice.calibrate import CalibrationConfig, calibrate
+    from splice.cli import calibration_tools
+    from splice.compiler import block_key, block_path, compile_blocks
+    from splice.fidelity import CaseRunner, kl_top1, make_case, sample_tools
+    from splice.profile import load_profile
+
+    backend = load_backend(name)
+    depths = [int(d) for d in args.depths.split(",")]
+    if args.calibrate:
+        cal = calibration_tools(backend, args.tool_file, args.n_tools, args.seed)
+        calibrate(backend, cal, CalibrationConfig(depths=tuple(depths), seed=args.seed)).save()
+    profile = load_profile(backend)
+    tools = sample_tools(args.tool_file, backend.tokenizer, args.n_tools, seed=args.seed)
+    compile_blocks(backend, tools, progress=False)
+    out = {"profile": {"curve": profile.curve, "max_depth": profile.max_depth, "calibrated": bool(profile.measured)},
+           "tools": [t.name for t in tools], "depths": {}}
+    for depth in depths:
+        acc = {v: [] for v in VARIANTS}
+        for i, tool in enumerate(tools):
+            _, kv = load_block(block_path(backend, tool), block_key(backend, tool))
+            runner = CaseRunner(backend, make_case(backend.tokenizer, tool, depth, seed=args.seed + i))
+            try:
+                ref = runner.reference()
+                for v, plan in _plans(backend, profile, depth, len(kv)).items():
+                    if plan is None:
+                        continue
+                    logits, ms, red = runner.run(kv, plan)
+                    acc[v].append((*kl_top1(ref, logits), ms, red / len(kv)))
+            finally:
+                runner.close()
+        row = {}
+        for v, vals in acc.items():
+            if not vals:
+                row[v] = {"kl": None, "top1": None, "ttft_ms": None, "redecode_frac": None}
+                continue
+            kl, top1, ms, frac = np.array(vals).mean(0)
+            row[v] = {"kl": float(kl), "top1": float(top1), "ttft_ms": float(ms), "redecode_frac": float(frac)}
+        row["repaired"]["speedup"] = row["text"]["ttft_ms"] / row["repaired"]["ttft_ms"]
+        out["depths"][str(depth)] = row
+        print(f"{name:8s} depth {depth:5d}  " + "  ".join(
+            f"{v}: " + ("n/a" if r["kl"] is None else f"kl={r['kl']:.4f} top1={r['top1']:.2f} {r['ttft_ms']:.0f}ms f={r['redecode_frac']:.2f}")
+            for v, r in row.items()), flush=True)
+    backend.close()
+    return out
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, res in result["backends"].items():
+        ds = sorted(res["depths"], key=int)
+        for v in ("bare", "reanchored", "repaired", "text"):
+            ys = [res["depths"][d][v]["kl"] for d in ds]
+            if ys[0] is not None:
+                a.plot([int(d) for d in ds], ys, marker="o", label=f"{name} {v}")
+        b.plot([int(d) for d in ds], [res["depths"][d]["repaired"]["speedup"] for d in ds], marker="o", label=name)
+    a.set(xlabel="depth (tokens after system prompt)", ylabel="mean KL (nats)", yscale="symlog", title="fidelity")
+    a.axhline(0.01, ls="--", c="gray")
+    b.set(xlabel="depth", ylabel="TTFT text / repaired", title="speedup")
+    b.axhline(1.3, ls="--", c="gray")
+    a.legend(fontsize=7)
+    b.legend()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def run(args) -> dict:
+    result = {"backends": {}, "config": {"depths": args.depths, "n_tools": args.n_tools, "seed": args.seed}}
+    for name in args.backend.split(","):
+        result["backends"][name] = run_backend(name, args)
+    if args.plot:
+        plot(result, args.plot)
+    return result

@@ -1,0 +1,74 @@
+"""`nexus splice calibrate`: measure head-repair fidelity per depth on a calibration set, write the profile.
+
+For each depth, the smallest head (from `heads`) whose mean KL over the calibration tools is within
+max(target_kl, 3 x the backend's text noise floor) and whose top-1 agreement is within 0.02 of the text
+variant's becomes the curve entry. The first depth where no head passes ends the profile: from there on the
+splicer prefills text (fail closed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from splice.block import load_block
+from splice.compiler import CompileConfig, block_key, block_path, compile_blocks
+from splice.fidelity import CaseRunner, kl_top1, make_case
+from splice.profile import RepairPlan, SpliceProfile
+
+
+@dataclass
+class CalibrationConfig:
+    depths: tuple[int, ...] = (0, 64, 256, 512, 1024, 2048)
+    heads: tuple[int, ...] = (0, 16, 32, 64, 128)  # head tokens tried, cheapest first
+    target_kl: float = 0.01  # nats; the bar is max(target_kl, 3 x text floor)
+    top1_slack: float = 0.02
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.depths or min(self.depths) < 0:
+            raise ValueError(f"CalibrationConfig.depths must be non-negative token counts, got {self.depths}")
+        if not self.heads or min(self.heads) < 0 or list(self.heads) != sorted(self.heads):
+            raise ValueError(f"CalibrationConfig.heads must be ascending non-negative counts, got {self.heads}")
+        if self.target_kl <= 0:
+            raise ValueError("CalibrationConfig.target_kl must be > 0 nats")
+
+
+def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None, log=print) -> SpliceProfile:
+    """Measure, pick the repair curve, and return the profile (the caller saves it)."""
+    config = config or CalibrationConfig()
+    if not tools:
+        raise ValueError("calibration needs at least one tool")
+    compile_blocks(backend, tools, CompileConfig(root=str(root) if root else None), progress=False)
+    blocks = {t.name: load_block(block_path(backend, t, root), block_key(backend, t))[1] for t in tools}
+    curve, table, max_depth = [], {}, -1
+    for depth in sorted(config.depths):
+        runners = [CaseRunner(backend, make_case(backend.tokenizer, t, depth, config.seed + i)) for i, t in enumerate(tools)]
+        try:
+            refs = [r.reference() for r in runners]
+            text = np.array([kl_top1(ref, r.run(None, RepairPlan("text"))[0]) for ref, r in zip(refs, runners)]).mean(0)
+            bar_kl, bar_top1 = max(config.target_kl, 3 * text[0]), text[1] - config.top1_slack
+            row = {"text": {"kl": float(text[0]), "top1": float(text[1])}}
+            chosen = None
+            for h in config.heads:
+                plan = RepairPlan("head", h) if h else RepairPlan("none", 0)
+                res = [kl_top1(ref, r.run(blocks[r.case.tool.name], plan)[0]) for ref, r in zip(refs, runners)]
+                kl, top1 = np.array(res).mean(0)
+                row[f"head{h}"] = {"kl": float(kl), "top1": float(top1)}
+                if kl <= bar_kl and top1 >= bar_top1:
+                    chosen = h
+                    break
+        finally:
+            for r in runners:
+                r.close()
+        table[str(depth)] = row
+        log(f"depth {depth}: text kl={text[0]:.4f} top1={text[1]:.2f}; "
+            + ", ".join(f"{k} kl={v['kl']:.4f} top1={v['top1']:.2f}" for k, v in row.items() if k != "text")
+            + f" -> {'head %d' % chosen if chosen is not None else 'text fallback'}")
+        if chosen is None:
+            break
+        curve.append([depth, chosen])
+        max_depth = depth
+    return SpliceProfile(backend=backend.name, fingerprint=backend.info.fingerprint, target_kl=config.target_kl,
+                         curve=curve or [[0, 0]], max_depth=max_depth, measured=table)

@@ -1,0 +1,59 @@
+"""`nexus compile` and `nexus splice calibrate`: thin wrappers over splice.compiler and splice.calibrate."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_CATALOG = Path(__file__).resolve().parents[2] / "shared" / "data" / "routing" / "tools.jsonl"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compile", help="compile tool-schema KV blocks for splicing (only stale ones)")
+    p.add_argument("--tools", default=None, help="comma-separated tool names (default: every stale tool)")
+    p.add_argument("--backend", default="llamacpp", choices=["llamacpp", "mlx"])
+    p.add_argument("--model", default=None, help="GGUF file or model folder (default: packaged SmolLM2-135M)")
+    p.add_argument("--force", action="store_true", help="recompile even fresh blocks")
+    p.set_defaults(func=_compile)
+    s = sub.add_parser("splice", help="splice profiles").add_subparsers(dest="splice_cmd", required=True)
+    c = s.add_parser("calibrate", help="measure splice fidelity per depth and write the model's repair profile")
+    c.add_argument("--backend", default="llamacpp", choices=["llamacpp", "mlx"])
+    c.add_argument("--model", default=None)
+    c.add_argument("--tool-file", default=str(DEFAULT_CATALOG), help="JSON/JSONL tools to calibrate on")
+    c.add_argument("--n-tools", type=int, default=2)
+    c.add_argument("--depths", default="0,64,256,512,1024,2048")
+    c.add_argument("--heads", default="0,16,32,64,128")
+    c.add_argument("--seed", type=int, default=0)
+    c.set_defaults(func=_calibrate)
+
+
+def _compile(args) -> int:
+    from native import load_backend
+    from registry.store import RegistryStore
+    from splice.compiler import compile_stale
+
+    backend = load_backend(args.backend, args.model)
+    with RegistryStore() as store:
+        names = [n for n in (args.tools or "").split(",") if n] or None
+        paths = compile_stale(backend, store, names=names, force=args.force)
+    print(f"compiled {len(paths)} block(s) for {backend.name} {backend.info.fingerprint[:12]}")
+    return 0
+
+
+def calibration_tools(backend, path: str, n: int, seed: int):
+    from splice.fidelity import sample_tools
+
+    return sample_tools(path, backend.tokenizer, n, seed=10_000 + seed)  # disjoint from the eval's seeds
+
+
+def _calibrate(args) -> int:
+    from native import load_backend
+    from splice.calibrate import CalibrationConfig, calibrate
+
+    backend = load_backend(args.backend, args.model)
+    config = CalibrationConfig(depths=tuple(int(d) for d in args.depths.split(",")),
+                               heads=tuple(int(h) for h in args.heads.split(",")), seed=args.seed)
+    profile = calibrate(backend, calibration_tools(backend, args.tool_file, args.n_tools, args.seed), config)
+    path = profile.save()
+    print(f"wrote {path}: curve {profile.curve}, splice up to depth {profile.max_depth}, text beyond")
+    return 0

@@ -10,6 +10,7 @@ their literal text, and our encoder for re-tokenising text.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -93,18 +94,65 @@ class ConstrainedResult:
         return json.loads(self.text)
 
 
+def closed_schema(schema):
+    """`schema` with `additionalProperties: false` on every object that lists properties and does not say
+    otherwise: a tool call should not invent keys, and a small model otherwise keeps adding them."""
+    if isinstance(schema, list):
+        return [closed_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed_schema(v) if isinstance(v, (dict, list)) and k != "enum" and k != "const" else v
+           for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {k: closed_schema(v) for k, v in schema["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    return out
+
+
 def schema_grammar(schema: dict) -> str:
-    """The llguidance grammar for an input schema (compact JSON: no free whitespace, default separators)."""
+    """The llguidance grammar for an input schema: closed objects (`closed_schema`), compact JSON (no free
+    whitespace), unknown keywords ignored (the result is still checked with jsonschema)."""
     import llguidance
 
     return llguidance.LLMatcher.grammar_from_json_schema(
-        schema, defaults={"whitespace_flexible": False, "lenient": True})
+        closed_schema(schema), defaults={"whitespace_flexible": False, "lenient": True})
 
 
 def _allowed(matcher, vocab: int) -> np.ndarray:
     """(vocab,) bool mask of tokens the grammar allows next."""
     bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
     return np.unpackbits(bits, bitorder="little")[:vocab].astype(bool)
+
+
+MAX_FRACTION_DIGITS = 6
+MAX_INTEGER_DIGITS = 12
+_FRACTION = re.compile(r"\d\.(\d+)$")
+_INTEGER = re.compile(r"(?<![\d.])(\d+)$")
+
+
+@lru_cache(maxsize=4)
+def _digit_tokens(digest: str, tokenizer_ref: int) -> np.ndarray:
+    tok = _REFS[tokenizer_ref]
+    return np.array([tok.decode([i]).isdigit() for i in range(tok.vocab_size)], dtype=bool)
+
+
+def _number_too_long(text: str) -> bool:
+    """Whether the JSON text ends inside a number with as many digits as we let a small model write (greedy
+    decoding of a 135M model otherwise runs `7.000000…` to the token limit; the grammar allows both)."""
+    m = _FRACTION.search(text)
+    if m:
+        return len(m.group(1)) >= MAX_FRACTION_DIGITS
+    m = _INTEGER.search(text)
+    return bool(m) and len(m.group(1)) >= MAX_INTEGER_DIGITS
+
+
+def _cycle_token(out: list[int]) -> int | None:
+    """The token that would extend a loop at the end of `out` (a period of 2-4 tokens seen 3 times, or one
+    token seen 6 times), or None. Greedy decoding of a small model loops inside strings (`1.1.1.1…`)."""
+    for p, times in ((1, 6), (2, 3), (3, 3), (4, 3)):
+        if len(out) >= p * times and all(out[-p * k - p: len(out) - p * k] == out[-p:] for k in range(1, times)):
+            return out[-p]
+    return None
 
 
 def generate_json(session: Session, prompt: Sequence[int], schema: dict, tokenizer, max_tokens: int = 160,
@@ -127,8 +175,19 @@ def generate_json(session: Session, prompt: Sequence[int], schema: dict, tokeniz
     ttft = None
     shown = ""
     eos = tokenizer.eos_ids
+    _REFS[id(tokenizer)] = tokenizer
+    digits = np.zeros(vocab, dtype=bool)
+    d = _digit_tokens(tokenizer.digest, id(tokenizer))
+    digits[: min(vocab, len(d))] = d[:vocab]
     for _ in range(max_tokens):
         mask = _allowed(matcher, vocab)
+        if out and _number_too_long(shown_all := tokenizer.decode(out)) and shown_all[-1].isdigit():
+            shorter = mask & ~digits[: len(mask)]
+            if shorter.any():  # only narrow the grammar's own set: the output stays schema-valid
+                mask = shorter
+        loop = _cycle_token(out)
+        if loop is not None and mask[loop] and mask.sum() > 1:
+            mask[loop] = False  # break the loop with the grammar's next-best token
         if not mask.any():
             break
         masked = np.where(mask, logits, -np.inf)

@@ -28,7 +28,7 @@ from nexus_agent.trace import Trace
 from native.generate import Sampler, SamplerConfig
 from registry.signature import compress
 
-_STEP_SPLIT = re.compile(r"\s*(?:;|,?\s+and then\s+|,?\s+then\s+|\.\s+Then\s+)\s*", re.IGNORECASE)
+_STEP_SPLIT = re.compile(r"\s*(?:;\s*(?:and\s+)?(?:then\s+)?|,?\s+and then\s+|,?\s+then\s+|[.?!]\s+then\s+)\s*", re.IGNORECASE)
 
 
 @dataclass

@@ -38,7 +38,8 @@ class Observation:
 @dataclass
 class ServerPoolConfig:
     """call_timeout_s: a call that takes longer is abandoned (and its server restarted on the next call);
-    start_timeout_s: seconds to start a server; max_restarts: restarts per server per session."""
+    start_timeout_s: seconds to start a server; max_restarts: restarts after consecutive failures of one server
+    (an answered call resets the count)."""
 
     call_timeout_s: float = 20.0
     start_timeout_s: float = 20.0
@@ -126,6 +127,7 @@ class ServerPool:
                     continue  # crashed: restart once and retry the same call
                 return Observation(tool, "server_error", f"server {name!r} failed: {_first_line(e)}",
                                    elapsed_ms=_ms(t0), restarted=restarted)
+            srv.restarts = 0  # the server answered: a later failure gets its own restart
             status = "tool_error" if res.is_error else "ok"
             text = res.text if res.text else json.dumps(res.structured)
             return Observation(tool, status, text, res.structured, _ms(t0), restarted)

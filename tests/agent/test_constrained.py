@@ -1,0 +1,64 @@
+"""llguidance-constrained decoding over our tokenizer on the real packaged model: always schema-valid JSON."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from nexus_agent.constrained import _TokenList, generate_json
+
+SCHEMAS = [
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]},
+    {"type": "object", "properties": {"unit": {"enum": ["km", "mi", "m"]}, "value": {"type": "number"}},
+     "required": ["unit", "value"], "additionalProperties": False},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+                                      "note": {"type": "object", "properties": {"title": {"type": "string"}},
+                                               "required": ["title"]}},
+     "required": ["tags", "note"]},
+]
+
+
+def test_token_list_round_trips_bytes(llamacpp_backend):
+    tok = llamacpp_backend.tokenizer
+    tl = _TokenList(tok)
+    ids = tok.encode("Grüße, 12°C — naïve ✓")
+    assert b"".join(tl.tokens[i] for i in ids).decode("utf-8") == "Grüße, 12°C — naïve ✓"
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=["ints", "enum", "nested"])
+def test_output_is_schema_valid(llamacpp_backend, schema):
+    tok = llamacpp_backend.tokenizer
+    prompt = tok.encode_chat([{"role": "user", "content": "Give the arguments as JSON: 7 km, add 3 and 4, a note."}])
+    s = llamacpp_backend.new_session(1024)
+    try:
+        r = generate_json(s, prompt, schema, tok, max_tokens=80)
+    finally:
+        s.close()
+    assert r.error is None and r.complete, r
+    jsonschema.validate(json.loads(r.text), schema)
+    assert r.ttft_s > 0
+
+
+def test_token_limit_gives_incomplete_json(llamacpp_backend):
+    tok = llamacpp_backend.tokenizer
+    s = llamacpp_backend.new_session(512)
+    try:
+        r = generate_json(s, tok.encode("args:"), SCHEMAS[0], tok, max_tokens=2)
+    finally:
+        s.close()
+    assert not r.complete
+    with pytest.raises(ValueError):
+        json.loads(r.text)
+
+
+@pytest.mark.slow
+def test_mlx_backend_same_constraint(mlx_backend):
+    tok = mlx_backend.tokenizer
+    s = mlx_backend.new_session(512)
+    try:
+        r = generate_json(s, tok.encode_chat([{"role": "user", "content": "7 km as JSON"}]), SCHEMAS[1], tok)
+    finally:
+        s.close()
+    jsonschema.validate(json.loads(r.text), SCHEMAS[1])

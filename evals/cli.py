@@ -17,6 +17,7 @@ EVALS: dict[str, str] = {
     "eviction": "evals.eviction",
     "routing": "evals.routing",
     "scan": "evals.scan",
+    "agent": "evals.agent",
     "splice": "evals.splice",
 }
 

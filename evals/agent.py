@@ -1,0 +1,208 @@
+"""Agent argument generation vs the concatenate-all-schemas baseline, at registries of 10 and 250 tools.
+
+Tools: every tool of the bundled servers (listed from the real servers), plus catalogue tools as distractors
+for the larger registry. For each task and size N the registry is the gold tool plus N−1 distractors (bundled
+first, then catalogue, seeded). The router is the SLB scan over that registry (`embed` mode: scan top-1; no
+reranker is trained here); arguments come from the agent's own path (`Agent.call_step` without the MCP call):
+compact signature prompt, llguidance-constrained decoding, jsonschema, full-schema retry.
+
+Per size: routing_acc (routed tool == gold), json_valid (the produced arguments parse and validate against the
+routed tool's schema, over tasks that produced any), args_exact (gold tool and gold arguments), ttfat_ms
+(median request → first argument token: routing + cold prefill of the compact prompt + first constrained step),
+context_tokens (median main-context prompt tokens), and the baseline: every registry schema in the prompt,
+decoding the gold tool's arguments on the same backend in the same process from a cold cache. Baseline fields
+are null where its prompt does not fit the 8192-token context (`baseline_prompt_tokens` shows by how much).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+CATALOG = Path(__file__).resolve().parents[2] / "shared" / "data" / "routing" / "tools.jsonl"
+N_CTX = 8192
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["llamacpp", "mlx"], default="llamacpp")
+    p.add_argument("--sizes", default="10,250")
+    p.add_argument("--tasks", type=int, default=120, help="tasks per size (default 120)")
+    p.add_argument("--baseline-tasks", type=int, default=6, help="tasks per size also run on the baseline")
+    p.add_argument("--quick", action="store_true", help="30 tasks and 3 baseline tasks per size (~5 min)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--catalog", default=str(CATALOG), help="JSONL of MCP tools used as distractors")
+
+
+def _bundled_tools():
+    from registry.client import list_server_tools
+    from registry.model import Tool
+    from registry.servers import BUNDLED, command_for
+
+    out = []
+    for name in BUNDLED:
+        if name == "catalog":
+            continue
+        server, tools = list_server_tools(command_for(name))
+        out += [Tool.from_mcp(t, server=server) for t in tools]
+    return out
+
+
+def _catalog_tools(path: str, exclude: set[str], limit: int = 600):
+    from registry.model import Tool
+    from registry.sources import load_tool_file
+
+    out = []
+    if not Path(path).is_file():
+        return out
+    for t in load_tool_file(path):
+        if t.get("name") in exclude:
+            continue
+        try:
+            out.append(Tool.from_mcp(t))
+        except Exception:
+            continue  # a catalogue tool the registry would reject is not a distractor either
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _registry(rng, gold: int, bundled: int, total: int, size: int) -> list[int]:
+    """Tool indices: gold + distractors (other bundled tools first, then catalogue tools), shuffled."""
+    others = [i for i in rng.permutation(bundled) if i != gold]
+    extra = list(bundled + rng.permutation(total - bundled))
+    idx = [gold] + (others + extra)[: size - 1]
+    rng.shuffle(idx)
+    return [int(i) for i in idx]
+
+
+def _cold(live) -> None:
+    if live.session.n_past:
+        live.session.remove(0, live.session.n_past)
+    live.ids = []
+
+
+def _baseline(agent, tools, task_tool, request: str, max_tokens: int) -> tuple[float | None, int]:
+    """(ms to the first argument token or None when the prompt overflows, prompt tokens)."""
+    from nexus_agent.constrained import generate_json
+    from nexus_agent.prompts import baseline_messages
+
+    ids = agent.backend.tokenizer.encode_chat(baseline_messages(tools, request))
+    if len(ids) + max_tokens > N_CTX:
+        return None, len(ids)
+    _cold(agent.live)
+    t0 = time.perf_counter()
+    logits = agent.live.prefill(ids)
+    res = generate_json(agent.live.session, ids, task_tool.input_schema, agent.backend.tokenizer, 1, logits=logits)
+    return (time.perf_counter() - t0 - res.total_s + res.ttft_s) * 1e3, len(ids)
+
+
+def run(args: argparse.Namespace) -> dict:
+    import numpy as np
+
+    from evals.agent_tasks import args_equal, make_tasks
+    from native import load_backend
+    from nexus_agent.loop import Agent, AgentConfig
+    from nexus_agent.servers import ServerPool
+    from slb.buffer import quantize_rows
+    from slb.embedder import Embedder
+    from slb.router import Router
+    from slb.tools import as_entry
+
+    n_tasks, n_base = (30, 3) if args.quick else (args.tasks, args.baseline_tasks)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    bundled = _bundled_tools()
+    names = {t.name for t in bundled}
+    tools = bundled + _catalog_tools(args.catalog, names, max(sizes))
+    by_name = {t.name: i for i, t in enumerate(tools)}
+    tasks = [t for t in make_tasks(n_tasks, args.seed) if t.tool in by_name]
+    emb = Embedder()
+    entries = [as_entry(t) for t in tools]
+    f32 = emb.embed_tools(entries)
+    m8, sc = quantize_rows(f32)
+    qv = emb.embed_texts([t.request for t in tasks])
+    backend = load_backend(args.backend)
+    agent = Agent(backend, None, {t.name: t for t in tools}, ServerPool({}, {}), AgentConfig(n_ctx=N_CTX, answer=False))
+    agent.pool.call = lambda tool, a: _NoCall(tool)  # the eval scores arguments; calls are the loop tests' job
+    result = {"backend": args.backend, "tasks": len(tasks), "seed": args.seed, "quick": bool(args.quick),
+              "router": "slb scan top-1 (embed mode)", "sizes": {}}
+    for size in sizes:
+        rng = np.random.default_rng(args.seed + size)
+        rows = []
+        for k, (task, q) in enumerate(zip(tasks, qv)):
+            idx = _registry(rng, by_name[task.tool], len(bundled), len(tools), size)
+            router = Router(emb, np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx]),
+                            [entries[i] for i in idx], mode="embed")
+            t0 = time.perf_counter()
+            d = router.route(task.request, q)
+            route_ms = (time.perf_counter() - t0) * 1e3
+            _cold(agent.live)
+            call = agent.call_step(tools[by_name[d.tool]], task.request)
+            ev = [e for e in agent.trace.of("args") if e["tool"] == d.tool][-1]
+            gold_tool = tools[by_name[task.tool]]
+            defaults = {p: s.get("default") for p, s in (gold_tool.input_schema.get("properties") or {}).items()
+                        if isinstance(s, dict) and "default" in s}
+            row = {"request": task.request, "gold": task.tool, "routed": d.tool, "arguments": call.arguments,
+                   "valid": call.arguments is not None, "source": call.source,
+                   "exact": d.tool == task.tool and args_equal(call.arguments, task.arguments, defaults),
+                   "ttfat_ms": route_ms + call.ttfat_ms, "context_tokens": ev["prompt_tokens"]}
+            if k < n_base:
+                b_ms, b_tokens = _baseline(agent, [tools[i] for i in idx], gold_tool, task.request, 160)
+                row.update(baseline_ms=b_ms, baseline_tokens=b_tokens)
+            rows.append(row)
+            agent.trace.events.clear()
+        result["sizes"][str(size)] = _summary(rows)
+        result["sizes"][str(size)]["rows"] = rows
+    agent.live.close()
+    backend.close()
+    _print_table(result)
+    return result
+
+
+class _NoCall:
+    def __init__(self, tool):
+        self.tool, self.status, self.text, self.restarted, self.elapsed_ms = tool, "ok", "(not called)", False, 0.0
+
+    ok = True
+
+    def as_dict(self):
+        return {"tool": self.tool, "status": self.status, "text": self.text, "elapsed_ms": 0.0, "restarted": False}
+
+
+def _summary(rows: list[dict]) -> dict:
+    base = [r for r in rows if "baseline_tokens" in r]
+    fits = [r for r in base if r["baseline_ms"] is not None]
+    med = statistics.median
+    out = {
+        "routing_acc": sum(r["routed"] == r["gold"] for r in rows) / len(rows),
+        "json_valid": sum(r["valid"] for r in rows) / len(rows),
+        "args_exact": sum(r["exact"] for r in rows) / len(rows),
+        "ttfat_ms": med(r["ttfat_ms"] for r in rows),
+        "context_tokens": med(r["context_tokens"] for r in rows),
+        "ttfat_baseline_ms": med(r["baseline_ms"] for r in fits) if fits and len(fits) == len(base) else None,
+        "context_tokens_baseline": med(r["baseline_tokens"] for r in fits) if fits and len(fits) == len(base) else None,
+        "baseline_prompt_tokens": med(r["baseline_tokens"] for r in base) if base else None,
+        "baseline_overflows": bool(base) and len(fits) < len(base),
+        "full_schema_share": sum(r["source"] == "full_schema" for r in rows) / len(rows),
+        "tasks": len(rows), "baseline_tasks": len(base),
+    }
+    if out["ttfat_baseline_ms"]:
+        ours = med(r["ttfat_ms"] for r in base)
+        out["ttfat_ratio_baseline_over_ours"] = out["ttfat_baseline_ms"] / ours
+    return out
+
+
+def _print_table(result: dict) -> None:
+    print(f"agent eval · {result['backend']} · {result['tasks']} tasks · router: {result['router']}")
+    print(f"{'tools':>6} {'route':>6} {'valid':>6} {'exact':>6} {'ttfat ms':>9} {'base ms':>9} {'ratio':>6} "
+          f"{'ctx':>5} {'base ctx':>9}")
+    for n, s in result["sizes"].items():
+        def f(v, spec):
+            return format(v, spec) if v is not None else "null"
+        print(f"{n:>6} {s['routing_acc']:>6.1%} {s['json_valid']:>6.1%} {s['args_exact']:>6.1%} "
+              f"{s['ttfat_ms']:>9.0f} {f(s['ttfat_baseline_ms'], '9.0f'):>9} "
+              f"{f(s.get('ttfat_ratio_baseline_over_ours'), '6.1f'):>6} {s['context_tokens']:>5.0f} "
+              f"{f(s['context_tokens_baseline'], '9.0f'):>9}"
+              + (f"  (baseline prompt {s['baseline_prompt_tokens']:.0f} tokens > {N_CTX}: overflows)"
+                 if s["baseline_overflows"] else ""))

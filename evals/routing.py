@@ -27,9 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="10,50,100,250")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", type=float, default=0.97, help="auto-route precision target for tau")
-    p.add_argument("--floor-recall", type=float, default=0.95, help="share of relevant calib queries above the floor")
+    p.add_argument("--floor-recall", type=float, default=0.98, help="share of relevant calib queries above the floor")
     p.add_argument("--recipe", default="name_desc_params", help="tool text: name_desc | name_desc_params")
-    p.add_argument("--reranker", default=None, help="a CrossEncoder folder to use instead of training one")
+    p.add_argument("--reranker", default=None,
+                   help="a CrossEncoder folder to use instead of training one; 'none': no reranking (gate only)")
     p.add_argument("--train-steps", type=int, default=300)
     p.add_argument("--max-queries", type=int, default=0, help="score only the first N queries (quick runs)")
     p.add_argument("--k", type=int, default=10, help="candidates reranked")
@@ -70,6 +71,23 @@ def _scan_all(qv, golds, f32, m8, sc, size, seed, k):
         s, ids = scan(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx]), q, k)
         out.append((top_f, s, idx[ids]))
     return out
+
+
+def _fit_weight(rr, texts, qtexts, qv, golds, f32, m8, sc, size, seed, k, limit=300) -> float:
+    """rerank_weight fitted on (at most `limit`) calibration queries at registry size `size`."""
+    import numpy as np
+
+    from slb.gate import pick_rerank_weight
+
+    if rr is None or len(qtexts) == 0:
+        return 0.0
+    sel = np.random.default_rng(seed).permutation(len(qtexts))[:limit]
+    res = _scan_all(qv[sel], golds[sel], f32, m8, sc, size, seed + 104729, k)
+    k_eff = min(len(r[1]) for r in res)
+    cos = np.stack([r[1][:k_eff] for r in res])
+    logits = np.stack([rr.score(qtexts[j], [texts[i] for i in r[2][:k_eff]]) for j, r in zip(sel, res)])
+    gold = np.array([int(np.flatnonzero(r[2][:k_eff] == g)[0]) if g in r[2][:k_eff] else -1 for r, g in zip(res, golds[sel])])
+    return pick_rerank_weight(cos, logits, gold)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -118,7 +136,9 @@ def run(args: argparse.Namespace) -> dict:
     # Reranker: trained on synthesized catalogue queries + calib queries (never scored ones).
     labelled = [(q["query"], q["gold_tool"]) for q in calib]
     train_s = None
-    if args.reranker:
+    if args.reranker == "none":
+        rr_path = None
+    elif args.reranker:
         rr_path = Path(args.reranker)
     else:
         fp = registry_fingerprint(tools, args.recipe, labelled)
@@ -127,11 +147,23 @@ def run(args: argparse.Namespace) -> dict:
         if not meta or meta.get("fingerprint") != fp:
             cfg = RerankerTrainConfig(queries_per_tool=1, max_steps=args.train_steps, seed=args.seed, threads=args.threads)
             train_s = train_reranker(tools, emb, rr_path, labelled, cfg)["train_s"]
-    rr = Reranker(rr_path)
+    rr = Reranker(rr_path) if rr_path else None
 
-    result = {"sizes": {}, "queries": len(scored), "irrelevant": len(irr), "calib_queries": len(calib),
+    # rerank_weight: fitted once at the largest size <= 250 on calibration queries (per fold when cross-fitting)
+    from slb.tools import tool_text
+
+    texts = [tool_text(t, args.recipe) for t in tools]
+    fit_size = max([s for s in sizes if s <= 250] or sizes[:1])
+    if cross_fit:
+        qtexts = [q["query"] for q in scored]
+        weights = {f: _fit_weight(rr, texts, [qtexts[i] for i in np.flatnonzero(folds != f)], qv[folds != f],
+                                  golds[folds != f], f32, m8, sc, fit_size, args.seed + f, args.k) for f in (0, 1)}
+    else:
+        w = _fit_weight(rr, texts, [q["query"] for q in calib], cv, cgolds, f32, m8, sc, fit_size, args.seed, args.k)
+        weights = {0: w, 1: w}
+    result = {"sizes": {}, "rerank_weight": weights, "queries": len(scored), "irrelevant": len(irr), "calib_queries": len(calib),
               "cross_fit": cross_fit, "recipe": args.recipe, "seed": args.seed, "target": args.target,
-              "reranker": str(rr_path), "reranker_train_s": train_s, "embed_catalogue_s": embed_tools_s,
+              "reranker": str(rr_path) if rr_path else None, "reranker_train_s": train_s, "embed_catalogue_s": embed_tools_s,
               "catalogue": len(tools)}
     print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'auto%':>6} {'autoP':>6} {'none%':>6} {'p50ms':>7} {'tau':>6} {'floor':>6}")
     for size in sizes:
@@ -145,13 +177,15 @@ def run(args: argparse.Namespace) -> dict:
             gates = {}
             for f in (0, 1):
                 o = folds != f
-                gates[f] = GateConfig(pick_tau(margins[o], top1_8[o], args.target), pick_floor(top1s[o], args.floor_recall), args.k)
+                gates[f] = GateConfig(pick_tau(margins[o], top1_8[o], args.target), pick_floor(top1s[o], args.floor_recall),
+                                      args.k, weights[f])
             gate_of = [gates[f] for f in folds]
         else:
             cres = _scan_all(cv, cgolds, f32, m8, sc, size, args.seed + 7919 + size, args.k)
             cm = np.array([r[1][0] - r[1][1] for r in cres])
             cc = np.array([r[2][0] for r in cres]) == cgolds
-            g = GateConfig(pick_tau(cm, cc, args.target), pick_floor(np.array([r[1][0] for r in cres]), args.floor_recall), args.k)
+            g = GateConfig(pick_tau(cm, cc, args.target), pick_floor(np.array([r[1][0] for r in cres]), args.floor_recall),
+                           args.k, weights[0])
             gate_of = [g] * len(scored)
         rng = np.random.default_rng(args.seed + 31 * size)
         routed, paths, lat = [], [], []

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _embedder_args(c)
     c.add_argument("--queries", default=None, help='labelled JSONL {"query", "gold_tool"} (default: synthesized)')
     c.add_argument("--target", type=float, default=0.97, help="auto-routed precision to reach")
-    c.add_argument("--floor-recall", type=float, default=0.95, help="share of relevant queries kept above the floor")
+    c.add_argument("--floor-recall", type=float, default=0.98, help="share of relevant queries kept above the floor")
     c.set_defaults(func=_calibrate)
     t = s.add_parser("train-reranker", help="fine-tune a cross-encoder on the registry (CPU, minutes)")
     _embedder_args(t)

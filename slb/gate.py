@@ -18,6 +18,7 @@ class GateConfig:
     tau: float = 0.10
     floor: float = 0.20
     k: int = 10
+    rerank_weight: float = 5.0  # reranked order: logit + rerank_weight * cosine (fitted by pick_rerank_weight)
 
     def __post_init__(self) -> None:
         if not -1.0 <= self.floor <= 1.0:
@@ -26,6 +27,8 @@ class GateConfig:
             raise ValueError(f"tau is a cosine margin in [0, 2], got {self.tau}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
+        if self.rerank_weight < 0:
+            raise ValueError(f"rerank_weight must be >= 0, got {self.rerank_weight}")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -73,3 +76,19 @@ def gate_stats(margins: np.ndarray, correct: np.ndarray, tau: float) -> dict:
     auto = np.asarray(margins) > tau
     n = int(auto.sum())
     return {"auto_rate": n / max(1, len(auto)), "auto_precision": float(np.asarray(correct)[auto].mean()) if n else float("nan")}
+
+
+RERANK_WEIGHTS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)
+
+
+def pick_rerank_weight(cos: np.ndarray, logits: np.ndarray, gold: np.ndarray, grid=RERANK_WEIGHTS) -> float:
+    """Weight w maximizing top-1 accuracy of argmax(logit + w * cosine) over the candidates.
+
+    cos, logits: (Q, k) scan cosines and reranker logits of each query's k candidates; gold: (Q,) index of
+    the gold tool among them, −1 when it is not a candidate. Ties go to the smallest w (trust the reranker).
+    """
+    cos, logits, gold = np.asarray(cos), np.asarray(logits), np.asarray(gold)
+    if cos.shape != logits.shape or len(gold) != len(cos):
+        raise ValueError("cos and logits must be (Q, k) and gold (Q,)")
+    acc = [float(np.mean(np.argmax(logits + w * cos, axis=1) == gold)) for w in grid]
+    return float(grid[int(np.argmax(acc))])

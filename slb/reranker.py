@@ -107,7 +107,7 @@ def train_reranker(
     model, tok = ce.model, ce.tokenizer
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
-    steps = min(cfg.max_steps, max(1, len(pairs) // cfg.batch_size))
+    steps = cfg.max_steps  # batches cycle over the shuffled pairs (several epochs on small registries)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, steps // 10)) * max(0.0, 1 - s / steps))
     loss_fn = torch.nn.BCEWithLogitsLoss()
     bar = tqdm(range(steps), desc="train-reranker", disable=not progress, unit="step")

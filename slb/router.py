@@ -68,12 +68,14 @@ class Router:
             tool, path = cands[0][0], "auto"
         elif top1 < self.gate.floor:
             tool, path = None, "none"
-        elif self.mode == "gate" and (margin > self.gate.tau or self.reranker is None):
+        elif self.mode == "gate" and margin > self.gate.tau:
             tool, path = cands[0][0], "auto"
+        elif self.reranker is None:  # below tau with no reranker: the scan's order stands
+            tool, path = cands[0][0], "rerank"
         else:
             logits = self.reranker.score(query, [self._texts[i] for i in ids])
             cands = [(n, v, float(lg)) for (n, v, _), lg in zip(cands, logits)]
-            tool, path = cands[int(np.argmax(logits))][0], "rerank"
+            tool, path = cands[int(np.argmax(logits + self.gate.rerank_weight * s))][0], "rerank"
             timings["rerank_ms"] = (time.perf_counter() - t2) * 1e3
         timings["total_ms"] = (time.perf_counter() - t0) * 1e3
         return RouteDecision(tool, top1, margin, path, cands, timings)

@@ -168,7 +168,9 @@ def scan(
 
     The Numba path is the hot path of routing: only cheap checks run before the kernel.
     """
-    if backend == "numba" and query.dtype == np.float32 and query.ndim == 1 and query.flags.c_contiguous:
+    if backend == "numba" and query.dtype == np.float32 and query.ndim == 1 and query.shape[0] == m8.shape[1] > 0:
+        if 0 < k <= m8.shape[0] and len(scales) == m8.shape[0] and m8.dtype == np.int8:  # cheap checks only
+            return _scan_one(m8, scales, query, k)
         return _scan_one(m8, scales, query, _check(m8, scales, query.shape[0], k))
     s, i = scan_batch(m8, scales, np.asarray(query, np.float32)[None, :], k, backend, f32)
     return s[0], i[0]

@@ -63,7 +63,7 @@ def read_labelled(path: str | Path) -> list[tuple[str, str]]:
 
 
 def calibrate(tools: list[ToolEntry], labelled: list[tuple[str, str]], embedder: Embedder, path: Path,
-              target: float = 0.97, floor_recall: float = 0.95, k: int = 10, seed: int = 0) -> dict:
+              target: float = 0.97, floor_recall: float = 0.98, k: int = 10, seed: int = 0) -> dict:
     """Fit tau and the floor on labelled queries (default: synthesized from the tools) and store them in the
     buffer header. Returns the calibration with the auto-route rate and precision it yields on that set."""
     buf = SLBuffer(path, model_id=embedder.model_id)

@@ -74,7 +74,8 @@ class CaseRunner:
 
     def __init__(self, backend, case: Case):
         self.case = case
-        n = len(case.prefix) + len(case.segment) + len(case.user) + N_POSITIONS + 8
+        # llama.cpp loads the whole block into a scratch sequence beside the live one: room for it twice
+        n = len(case.prefix) + 2 * len(case.segment) + len(case.user) + N_POSITIONS + 8
         self.session = backend.new_session(n_ctx=max(n, 512) if backend.name == "mlx" else ((n + 255) // 256) * 256)
         self.session.prefill(case.prefix)
         self.base = self.session.n_past

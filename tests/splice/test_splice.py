@@ -1,0 +1,112 @@
+"""Splice on both backends: exactness at the anchor, fidelity vs text with repair, incremental compile,
+bit-stable logits across runs and threads, profile plans."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from registry.store import RegistryStore
+from splice.block import load_block
+from splice.compiler import artefact_kind, block_key, block_path, compile_blocks, compile_stale
+from splice.fidelity import CaseRunner, kl_top1, make_case
+from splice.profile import RepairPlan, SpliceProfile
+from splice.splicer import splice_tool
+from splice_fixtures import TOOL
+
+
+def _block(backend):
+    compile_blocks(backend, [TOOL], progress=False)
+    return load_block(block_path(backend, TOOL), block_key(backend, TOOL))[1]
+
+
+def test_splice_at_the_anchor_matches_text(backend):
+    """Depth 0 (right after the system prompt, where the block was compiled) needs no repair."""
+    kv = _block(backend)
+    r = CaseRunner(backend, make_case(backend.tokenizer, TOOL, 0))
+    ref = r.reference()
+    kl, top1 = kl_top1(ref, r.run(kv, RepairPlan("none", 0))[0])
+    r.close()
+    assert kl < 2e-3 and top1 == 1.0
+
+
+def test_reanchor_and_head_repair_beat_bare_at_depth(mlx_backend):
+    kv = _block(mlx_backend)
+    r = CaseRunner(mlx_backend, make_case(mlx_backend.tokenizer, TOOL, 300))
+    ref = r.reference()
+    kls = {name: kl_top1(ref, r.run(kv, plan)[0])[0] for name, plan in {
+        "bare": RepairPlan("none", 0, rotate=False), "reanchored": RepairPlan("none", 0),
+        "head32": RepairPlan("head", 32), "text": RepairPlan("text")}.items()}
+    r.close()
+    assert kls["text"] < 1e-4  # MLX prefills are batch-invariant here
+    assert kls["head32"] < kls["reanchored"] < kls["bare"] / 3
+
+
+def test_llamacpp_head_repair_imports_a_sub_range(llamacpp_backend):
+    kv = _block(llamacpp_backend)
+    r = CaseRunner(llamacpp_backend, make_case(llamacpp_backend.tokenizer, TOOL, 200))
+    ref = r.reference()
+    got = {n: kl_top1(ref, r.run(kv, p)[0])[0] for n, p in
+           {"reanchored": RepairPlan("none", 0), "head": RepairPlan("head", 32), "suffix": RepairPlan("suffix", 20)}.items()}
+    assert r.session.n_past == r.base  # variants leave the prefix intact
+    r.close()
+    assert got["head"] < got["reanchored"] and all(v < 0.2 for v in got.values())
+
+
+def test_compile_is_incremental(mlx_backend, nexus_home):
+    with RegistryStore() as store:
+        store.add_tools([TOOL])
+        assert len(compile_stale(mlx_backend, store, progress=False)) == 1
+        mtime = block_path(mlx_backend, TOOL).stat().st_mtime_ns
+        assert compile_stale(mlx_backend, store, progress=False) == []
+        assert not store.stale_tools(artefact_kind(mlx_backend))
+        block_path(mlx_backend, TOOL).unlink()
+        assert len(compile_stale(mlx_backend, store, progress=False)) == 1  # a missing file is stale too
+        assert block_path(mlx_backend, TOOL).stat().st_mtime_ns >= mtime
+
+
+def _spliced_logits(backend, profile):
+    s = backend.new_session(n_ctx=768)
+    s.prefill(make_case(backend.tokenizer, TOOL, 100).prefix)
+    res = splice_tool(s, backend, TOOL, depth=100, profile=profile)
+    out = s.forward_logits(backend.tokenizer.encode("Read README.md please"))
+    s.close()
+    assert res.fallback is None
+    return out
+
+
+def test_splice_is_bit_stable_across_runs_and_threads(llamacpp_backend):
+    b = llamacpp_backend
+    compile_blocks(b, [TOOL], progress=False)
+    profile = SpliceProfile("llamacpp", b.info.fingerprint, curve=[[512, 16]], max_depth=512)
+    first = _spliced_logits(b, profile)
+    np.testing.assert_array_equal(first, _spliced_logits(b, profile))
+    results, errors = [None] * 3, []
+
+    def work(i):
+        try:
+            results[i] = _spliced_logits(b, profile)
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for r in results:
+        np.testing.assert_array_equal(first, r)
+
+
+def test_profile_plans_grow_with_depth_and_fail_closed():
+    p = SpliceProfile("mlx", "fp", curve=[[0, 0], [256, 16], [1024, 64]], max_depth=1024)
+    assert p.plan_for(0, 200) == RepairPlan("none", 0)
+    assert p.plan_for(100, 200) == RepairPlan("head", 16)
+    assert p.plan_for(1024, 200) == RepairPlan("head", 64)
+    assert p.plan_for(1025, 200).mode == "text"
+    assert p.plan_for(1000, 50).mode == "text"  # repairing the whole block is a text prefill
+    with pytest.raises(ValueError):
+        RepairPlan("tail", 3)

@@ -51,7 +51,7 @@ def _registry(rng, n_cat: int, gold: int | None, size: int):
     import numpy as np
 
     size = min(size, n_cat)
-    pick = rng.choice(n_cat, size + 1, replace=False)
+    pick = rng.choice(n_cat, min(size + 1, n_cat), replace=False)
     if gold is None:
         return pick[:size]
     return np.concatenate([[gold], pick[pick != gold][: size - 1]])

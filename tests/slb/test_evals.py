@@ -1,0 +1,46 @@
+"""The routing and scan evals write the JSON keys other tools read, on small real inputs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .conftest import QUERIES, TOOLS
+
+
+def _args(module, argv):
+    p = argparse.ArgumentParser()
+    module.add_arguments(p)
+    a = p.parse_args(argv)
+    a.json_out = None
+    return a
+
+
+def test_routing_eval_keys_and_no_fitting_on_scored_queries(tmp_path):
+    import evals.routing as routing
+
+    tools = tmp_path / "tools.jsonl"
+    tools.write_text("".join(json.dumps(t) + "\n" for t in TOOLS))
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("".join(json.dumps({"query": q, "gold_tool": g}) + "\n" for q, g in QUERIES))
+    irr = tmp_path / "irr.jsonl"
+    irr.write_text(json.dumps({"query": "haha nice one", "gold_tool": None}) + "\n")
+    # --calib is the scored set itself: nothing is left after removing scored queries -> cross-fitting
+    res = routing.run(_args(routing, ["--tools", str(tools), "--queries", str(queries), "--calib", str(queries),
+                                      "--irrelevant", str(irr), "--sizes", "4,12", "--reranker", "none",
+                                      "--plot", str(tmp_path / "acc.png")]))
+    assert res["cross_fit"] and res["calib_queries"] == 0
+    for n in ("4", "12"):
+        row = res["sizes"][n]
+        for key in ("top1_embed", "top1_int8", "top1_routed", "auto_rate", "auto_precision", "none_precision", "route_ms_p50"):
+            assert key in row
+        assert 0.8 <= row["top1_embed"] <= 1 and abs(row["top1_int8"] - row["top1_embed"]) <= 1 / 12
+    assert (tmp_path / "acc.png").stat().st_size > 5000
+
+
+def test_scan_eval_keys():
+    import evals.scan as scan_eval
+
+    res = scan_eval.run(_args(scan_eval, ["--sizes", "250,2000", "--repeats", "20"]))
+    for n in ("250", "2000"):
+        assert res["sizes"][n]["numba_us_p50"] > 0 and res["sizes"][n]["numpy_f32_us_p50"] > 0

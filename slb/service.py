@@ -85,10 +85,24 @@ def calibrate(tools: list[ToolEntry], labelled: list[tuple[str, str]], embedder:
     cal = {"tau": pick_tau(margins, correct, target), "floor": pick_floor(s[:, 0], floor_recall), "k": k,
            "target": target, "queries": len(labelled), "tools": len(names)}
     cal.update(gate_stats(margins, correct, cal["tau"]))
+    rr_dir = default_reranker_dir(tools, embedder.config.recipe)
+    if rr_dir.is_dir():  # fit how much the reranked order keeps of the cosine (see gate.pick_rerank_weight)
+        cal["rerank_weight"] = _fit_rerank_weight(Reranker(rr_dir), buf, tools, labelled, qv, gold, k)
     data = buf.data()
     data.calibration = cal
     write_buffer(path, data)
     return cal
+
+
+def _fit_rerank_weight(rr: Reranker, buf: SLBuffer, tools, labelled, qv, gold, k: int, limit: int = 300) -> float:
+    from slb.gate import pick_rerank_weight
+    from slb.tools import tool_text
+
+    texts = {t.name: tool_text(t, rr.meta["recipe"] if rr.meta else "name_desc_params") for t in tools}
+    s, ids = scan_batch(buf.m8, buf.scales, qv[:limit], k=k)
+    logits = np.stack([rr.score(q, [texts[buf.names[i]] for i in row]) for (q, _), row in zip(labelled[:limit], ids)])
+    pos = np.array([int(np.flatnonzero(row == g)[0]) if g in row else -1 for row, g in zip(ids, gold[:limit])])
+    return pick_rerank_weight(s, logits, pos)
 
 
 def default_reranker_dir(tools: list[ToolEntry], recipe: str) -> Path:
@@ -117,7 +131,8 @@ def open_router(mode: str = "gate", reranker: str | None = None, config: Embedde
         raise ValueError(f"the buffer names tools the registry no longer has ({missing[:3]}): run `nexus slb build`")
     entries = [by_name[n] for n in buf.names]
     cal = buf.calibration
-    gate = GateConfig(cal.get("tau", GateConfig.tau), cal.get("floor", GateConfig.floor), cal.get("k", GateConfig.k))
+    gate = GateConfig(cal.get("tau", GateConfig.tau), cal.get("floor", GateConfig.floor), cal.get("k", GateConfig.k),
+                      cal.get("rerank_weight", GateConfig.rerank_weight))
     rr = None
     rr_dir = Path(reranker) if reranker else default_reranker_dir(entries, embedder.config.recipe)
     if reranker or rr_dir.is_dir():

@@ -72,7 +72,8 @@ def test_tiny_reranker_trains_saves_reloads_and_reranks(tmp_path, buffer, embedd
     assert all(c[2] is not None for c in d.candidates) and len(d.candidates) == 4
 
 
-def test_cli_build_calibrate_route(nexus_home, capsys):
+@pytest.mark.slow
+def test_cli_build_train_calibrate_route(nexus_home, capsys):
     from nexus_agent.cli import main
     from registry.store import RegistryStore
 
@@ -84,13 +85,20 @@ def test_cli_build_calibrate_route(nexus_home, capsys):
     assert "(0 embedded, 12 reused" in capsys.readouterr().out
     with RegistryStore() as store:
         assert store.stale_tools("slb") == []
+    assert main(["slb", "train-reranker", "--steps", "3"]) == 0
+    assert "trained in" in capsys.readouterr().out
+    assert main(["slb", "train-reranker", "--steps", "3"]) == 0
+    assert "reranker reused" in capsys.readouterr().out
     qfile = nexus_home / "q.jsonl"
     qfile.write_text("".join(json.dumps({"query": q, "gold_tool": g}) + "\n" for q, g in QUERIES))
     assert main(["slb", "calibrate", "--queries", str(qfile)]) == 0
     out = capsys.readouterr().out
     assert "tau=" in out and "on 12 queries" in out
     cal = SLBuffer(nexus_home / "slb" / "buffer.slb").calibration
-    assert cal["queries"] == 12 and 0 <= cal["tau"] <= 2
+    assert cal["queries"] == 12 and 0 <= cal["tau"] <= 2 and "rerank_weight" in cal
+    assert main(["route", "--json", "--mode", "rerank", "Convert 100 dollars to yen"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["path"] == "rerank" and all(c[2] is not None for c in d["candidates"])
     assert main(["route", "--json", "Convert 100 dollars to yen"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["tool"] == "convert_currency" and d["path"] in ("auto", "rerank")

@@ -21,7 +21,7 @@ from typing import Callable
 
 from nexus_agent.constrained import generate_json
 from nexus_agent.fullschema import insert_schema, needs_full_schema, user_tokens
-from nexus_agent.memory import LiveContext, MemoryConfig
+from nexus_agent.memory import LiveContext, MemoryConfig, certify_answer
 from nexus_agent.prompts import answer_messages, argument_messages, observation_text
 from nexus_agent.servers import Observation, ServerPool
 from nexus_agent.trace import Trace
@@ -201,6 +201,7 @@ class Agent:
             self.trace.emit("memory", action="drop_oldest_turn", prompt_tokens=len(ids), budget=self.live.budget)
         t0 = time.perf_counter()
         logits = self.live.prefill(ids)
+        self.live.begin_answer()
         sampler = Sampler(SamplerConfig())
         out: list[int] = []
         shown = ""
@@ -216,6 +217,10 @@ class Agent:
             self.live.decoded(token)
             logits = self.live.session.decode(token)
         answer = tok.decode(out).strip()
+        cert = certify_answer(self.live)
+        if cert and cert["red_flag"] and not cert["recalled"]:
+            self.live.ids = [-1]  # nothing to recall: the next prompt is re-prefilled from the transcript
+            self.trace.emit("memory", action="re_prefill_next", reason="red flag and nothing recalled")
         self.trace.emit("answer", text=answer, tokens=len(out), prompt_tokens=len(ids),
                         ms=round((time.perf_counter() - t0) * 1e3, 2), cache_tokens=len(self.live.ids))
         return answer

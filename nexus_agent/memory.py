@@ -3,8 +3,8 @@
 `LiveContext.prefill(ids)` keeps the longest common prefix of what is cached and drops the rest, so a prompt
 that extends the previous one costs only its new tokens. The budget (`kv_budget` tokens) is enforced before a
 prefill: when an eviction manager is available (`nexus_agent.eviction`, see `attach_eviction`) it decides;
-without one the fallback is a re-prefill from a shortened transcript (the caller drops the oldest turns),
-which is always correct but costs a prefill. Every decision is reported to the trace as a `memory` event.
+without a budget or without the package the fallback is a re-prefill from a shortened transcript (the
+caller drops the oldest turns), which is always correct but costs a prefill. Every decision is reported to the trace as a `memory` event.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class LiveContext:
         self.ids = self.ids[:keep]
         logits = self.session.prefill(ids[keep:])
         self.ids = list(ids)
+        enforce_budget(self)
         if self.trace is not None:
             self.trace.emit("memory", action="prefill", reused=keep, prefilled=len(ids) - keep,
                             cache_tokens=len(self.ids), budget=self.budget)
@@ -67,23 +68,65 @@ class LiveContext:
         """Record a token the caller decoded on `self.session` directly."""
         self.ids.append(int(token))
 
+    def begin_answer(self) -> None:
+        """Mark the start of an answer (the certified policy certifies its first steps)."""
+        if hasattr(self.session, "begin_answer"):
+            self.session.begin_answer()
+
     def close(self) -> None:
         self.session.close()
 
 
 def attach_eviction(live: LiveContext, config: MemoryConfig):
-    """The eviction manager for `live` when `nexus_agent.eviction` provides one; None otherwise (the budget is
-    then kept by re-prefilling a shortened transcript)."""
+    """Keep `live` inside `config.kv_budget` with `nexus_agent.eviction` (None: no budget, or the package is
+    absent, so the fallback re-prefill policy applies). MLX: the session is wrapped in an `EvictingSession`
+    running the named policy with its disk tier (certified by default). llama.cpp: only positional policies can
+    run; a score-based name falls back to `streaming`, and the trace says so."""
+    if config.kv_budget is None:
+        return None
     try:
-        from nexus_agent import eviction  # noqa: F401
+        from nexus_agent.eviction import POSITIONAL_POLICIES, EvictingSession, EvictionConfig, make_policy
     except ImportError:
         return None
-    make = getattr(eviction, "make_manager", None)
-    if make is None:
-        return None
-    try:
-        return make(live.session, budget=live.budget, policy=config.eviction)
-    except Exception as e:  # a policy the backend cannot run (e.g. certified on llama.cpp): say so, fall back
+    ecfg = EvictionConfig(budget=int(config.kv_budget))
+    if live.backend.capabilities.can_bias_keys:
+        from nexus_agent.home import home_path
+
+        spill = home_path("traces", f"spill-{id(live)}.kv")
+        live.session = EvictingSession(live.session, make_policy(config.eviction), ecfg, spill)
+        return {"kind": "scored", "policy": config.eviction, "config": ecfg}
+    policy = config.eviction if config.eviction in POSITIONAL_POLICIES else "streaming"
+    if live.trace is not None and policy != config.eviction:
+        live.trace.emit("memory", action="policy_fallback", requested=config.eviction, policy=policy,
+                        reason=f"{config.eviction} needs attention scores; llama.cpp runs only positional policies")
+    return {"kind": "positional", "policy": policy, "config": ecfg}
+
+
+def enforce_budget(live: LiveContext) -> None:
+    """After a forward pass: positional eviction on llama.cpp (MLX's EvictingSession does it itself)."""
+    m = live.manager
+    if not m or m["kind"] != "positional" or live.session.n_past <= live.budget:
+        return
+    from nexus_agent.eviction import evict_positional
+
+    cut = evict_positional(live.session, m["policy"], m["config"], live.budget)
+    if cut:
+        a, b = cut
+        live.ids = live.ids[:a] + [-1] * (b - a) + live.ids[b:]  # evicted slots never match a new prompt
         if live.trace is not None:
-            live.trace.emit("memory", action="eviction_unavailable", reason=str(e))
+            live.trace.emit("memory", action="evict", policy=m["policy"], removed=[a, b],
+                            cache_tokens=len(live.ids) - (b - a), budget=live.budget)
+
+
+def certify_answer(live: LiveContext) -> dict | None:
+    """After an answer on an evicting MLX session: the certificate, and on a red flag a recall from the disk tier
+    (the caller re-prefills from the transcript when nothing could be recalled)."""
+    s = live.session
+    if not hasattr(s, "red_flag"):
         return None
+    out = {"certificate": float(s.certificate), "red_flag": bool(s.red_flag), "recalled": 0}
+    if out["red_flag"]:
+        out["recalled"] = int(len(s.recall(live.budget // 4)))
+    if live.trace is not None:
+        live.trace.emit("memory", action="certificate", **out)
+    return out

@@ -1,11 +1,9 @@
-"""`nexus generate` and `nexus demo`."""
+"""`nexus generate`: a streamed chat answer from either backend."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-
-DEMO_PROMPT = "In two sentences, why do AI agents need tools?"
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,8 +22,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("prompt")
     g.set_defaults(func=_generate)
 
-    d = sub.add_parser("demo", help="the main job on the embedded defaults")
-    d.set_defaults(func=_demo)
 
 
 def stream_answer(backend_name: str, model: str | None, prompt, max_tokens: int, sampler=None, out=sys.stdout) -> dict:
@@ -51,7 +47,7 @@ def stream_answer(backend_name: str, model: str | None, prompt, max_tokens: int,
     }
 
 
-def _format_stats(s: dict) -> str:
+def format_stats(s: dict) -> str:
     return (f"[{s['prompt_tokens']} prompt tokens, {s['prompt_tps']:.0f} tok/s | {s['generated']} generated, "
             f"{s['decode_tps']:.1f} tok/s | TTFT {s['ttft_s'] * 1000:.0f} ms | {s['finish']}]")
 
@@ -63,13 +59,5 @@ def _generate(args) -> int:
     stats = stream_answer(args.backend, args.model, prompt, args.max_tokens,
                           SamplerConfig(args.temperature, args.top_p, args.seed))
     if stats:
-        print(_format_stats(stats), file=sys.stderr)
-    return 0
-
-
-def _demo(args) -> int:
-    for backend in ("llamacpp", "mlx"):
-        print(f"\n== {backend} · SmolLM2-135M-Instruct (packaged) ==\n> {DEMO_PROMPT}\n")
-        stats = stream_answer(backend, None, [{"role": "user", "content": DEMO_PROMPT}], 64)
-        print(_format_stats(stats))
+        print(format_stats(stats), file=sys.stderr)
     return 0

@@ -35,19 +35,27 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
 
 
 def _open(args):
+    return build_agent(args.backend, args.model, args.route, args.trace, args.max_steps, args.max_arg_tokens,
+                       args.max_tokens, not args.no_answer, args.kv_budget, args.eviction, args.timeout, args.quiet)
+
+
+def build_agent(backend_name: str = "llamacpp", model: str | None = None, route: str = "gate", trace: str | None = None,
+                max_steps: int = 4, max_arg_tokens: int = 160, max_tokens: int = 96, answer: bool = True,
+                kv_budget: int | None = None, eviction: str = "certified", timeout: float = 20.0, quiet: bool = False,
+                backend=None):
+    """An agent over the home registry plus its rich console; the library call behind run, chat and demo."""
     from nexus_agent.loop import AgentConfig
     from nexus_agent.memory import MemoryConfig
     from nexus_agent.servers import ServerPoolConfig
     from nexus_agent.session import SessionConfig, open_agent
     from nexus_agent.ui import Console
 
-    ui = Console(quiet=args.quiet)
+    ui = Console(quiet=quiet)
     agent = open_agent(
-        SessionConfig(args.backend, args.model, args.route, args.trace),
-        AgentConfig(max_steps=args.max_steps, max_arg_tokens=args.max_arg_tokens,
-                    max_answer_tokens=args.max_tokens, answer=not args.no_answer),
-        MemoryConfig(args.kv_budget, args.eviction), ServerPoolConfig(call_timeout_s=args.timeout),
-        on_text=ui.text, on_event=ui.event,
+        SessionConfig(backend_name, model, route, trace),
+        AgentConfig(max_steps=max_steps, max_arg_tokens=max_arg_tokens, max_answer_tokens=max_tokens, answer=answer),
+        MemoryConfig(kv_budget, eviction), ServerPoolConfig(call_timeout_s=timeout),
+        on_text=ui.text, on_event=ui.event, backend=backend,
     )
     return agent, ui
 

@@ -12,11 +12,12 @@ import importlib
 import sys
 
 COMMAND_MODULES = [
-    "native.cli",  # generate, demo
+    "native.cli",  # generate
     "registry.cli",  # register, tools, servers
     "slb.cli",  # route, slb
     "splice.cli",  # compile, splice
     "nexus_agent.agent_cli",  # run, chat, doctor
+    "nexus_agent.demo",  # demo
     "evals.cli",  # eval <name>
 ]
 

@@ -1,9 +1,10 @@
 """Top-k scan of a query against the INT8 buffer: a Numba kernel and a NumPy float32 reference.
 
 Both paths sit behind `scan()` / `scan_batch()` and return the same thing: the k best rows by cosine score,
-best first. The Numba path multiplies int8 rows by an int8 query with int32 accumulation and keeps the top-k
-in a small sorted array while it walks the rows (fused: no N-sized score vector is written). The reference
-dequantizes nothing: it takes the float32 matrix (or dequantizes on the fly) and uses BLAS.
+best first. The Numba path quantizes the query to int8, multiplies it with the int8 rows in int16 products
+summed in int32, a block of 512 rows at a time into a 2 KiB scratch, then updates a small sorted top-k from
+that block (fused: no N-sized score vector is ever written). The reference is a float32 BLAS matmul over the
+float32 matrix (or the dequantized buffer) followed by argpartition.
 
 Scores are cosines in [-1, 1] (float32): row i scores `dot(q8, m8[i]) * row_scale[i] * query_scale`.
 """

@@ -249,8 +249,9 @@ def _plot(result: dict, path: str) -> None:
 
     sizes = sorted(int(s) for s in result["sizes"])
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("top1_embed", "embedding float32"), ("top1_int8", "embedding INT8"), ("top1_routed", "gated + reranked")):
-        ax.plot(sizes, [result["sizes"][str(s)][key] * 100 for s in sizes], marker="o", label=label)
+    for key, label, style in (("top1_embed", "embedding float32", "-"), ("top1_int8", "embedding INT8", "--"),
+                              ("top1_routed", "gated + reranked", "-")):
+        ax.plot(sizes, [result["sizes"][str(s)][key] * 100 for s in sizes], style, marker="o", label=label)
     ax.set_xscale("log")
     ax.set_xlabel("registry size (tools)")
     ax.set_ylabel("top-1 accuracy (%)")

@@ -7,8 +7,12 @@ import sys
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["mlx", "llamacpp"], default="llamacpp", help="model backend (default: llamacpp)")
-    p.add_argument("--model", default=None, help="GGUF file or MLX/HF model directory (default: packaged SmolLM2-135M)")
+    p.add_argument("--backend", choices=["mlx", "llamacpp", "openai"], default="llamacpp",
+                   help="model backend (default: llamacpp; openai: an OpenAI-compatible server, see --base-url)")
+    p.add_argument("--model", default=None, help="GGUF file or MLX/HF model directory (default: packaged SmolLM2-135M); "
+                   "with --backend openai, the served model name (default: $NEXUS_OPENAI_MODEL or the server's first)")
+    p.add_argument("--base-url", default=None,
+                   help="--backend openai: API root such as http://127.0.0.1:8000/v1 (default: $NEXUS_OPENAI_BASE_URL)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,12 +28,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 
-def stream_answer(backend_name: str, model: str | None, prompt, max_tokens: int, sampler=None, out=sys.stdout) -> dict:
+def backend_options(args) -> dict:
+    """Backend keyword options from the CLI (only --base-url, for the openai backend)."""
+    return {"base_url": args.base_url} if getattr(args, "base_url", None) else {}
+
+
+def stream_answer(backend_name: str, model: str | None, prompt, max_tokens: int, sampler=None, out=sys.stdout,
+                  **options) -> dict:
     """Stream an answer to `out`; return timings."""
     from native import load_backend
     from native.generate import stream_generate
 
-    backend = load_backend(backend_name, model)
+    backend = load_backend(backend_name, model, **options)
     last = None
     try:
         for r in stream_generate(backend, prompt, max_tokens=max_tokens, sampler=sampler):
@@ -57,7 +67,7 @@ def _generate(args) -> int:
 
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
     stats = stream_answer(args.backend, args.model, prompt, args.max_tokens,
-                          SamplerConfig(args.temperature, args.top_p, args.seed))
+                          SamplerConfig(args.temperature, args.top_p, args.seed), **backend_options(args))
     if stats:
         print(format_stats(stats), file=sys.stderr)
     return 0

@@ -90,7 +90,13 @@ def stream_generate(
     sampler: SamplerConfig | None = None,
     session: Session | None = None,
 ) -> Iterator[GenerationResponse]:
-    """Stream a completion. `prompt`: chat messages (rendered with the model's template), raw text, or token ids."""
+    """Stream a completion. `prompt`: chat messages (rendered with the model's template), raw text, or token ids.
+
+    A text-only backend (`capabilities.text_only`, an HTTP server) streams through its own `stream_text`.
+    """
+    if getattr(backend.capabilities, "text_only", False):
+        yield from backend.stream_text(prompt, max_tokens, sampler)
+        return
     tok = backend.tokenizer
     if isinstance(prompt, str):
         ids = tok.encode(prompt)

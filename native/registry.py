@@ -10,11 +10,15 @@ from native.base import Backend, ModelError
 BACKENDS: dict[str, str] = {
     "mlx": "native.mlx_backend:MLXBackend",
     "llamacpp": "native.llamacpp_backend:LlamaCppBackend",
+    "openai": "native.openai_backend:OpenAIBackend",  # text only: any OpenAI-compatible HTTP server
 }
 
 
 def load_backend(name: str, model: str | None = None, **options) -> Backend:
-    """Load `model` (a GGUF file or an MLX/HF model directory; default: the packaged SmolLM2) on backend `name`."""
+    """Load `model` (a GGUF file or an MLX/HF model directory; default: the packaged SmolLM2) on backend `name`.
+
+    For "openai", `model` is the served model's name and options are OpenAIConfig fields (base_url, api_key...).
+    """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
     module_name, cls_name = BACKENDS[name].split(":")

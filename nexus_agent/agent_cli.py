@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _agent_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["mlx", "llamacpp"], default="llamacpp", help="model backend")
+    p.add_argument("--backend", choices=["mlx", "llamacpp", "openai"], default="llamacpp", help="model backend")
     p.add_argument("--model", default=None, help="GGUF file or MLX model folder (default: packaged SmolLM2)")
     p.add_argument("--trace", default=None, metavar="FILE", help="append a JSONL trace of the session to FILE")
     p.add_argument("--max-steps", type=int, default=4, help="tool calls per turn (default 4)")

@@ -23,6 +23,7 @@ from nexus_agent.constrained import generate_json
 from nexus_agent.fullschema import insert_schema, needs_full_schema, user_tokens
 from nexus_agent.memory import LiveContext, MemoryConfig, certify_answer
 from nexus_agent.prompts import answer_messages, argument_messages, observation_text
+from nexus_agent.text_path import is_text_only, text_answer, text_arguments
 from nexus_agent.servers import Observation, ServerPool
 from nexus_agent.trace import Trace
 from native.generate import Sampler, SamplerConfig
@@ -112,7 +113,8 @@ class Agent:
         self.config = config or AgentConfig()
         self.trace = trace or Trace()
         self.on_text = on_text or (lambda kind, piece: None)
-        self.live = LiveContext(backend, memory, self.config.n_ctx, self.trace)
+        self.text_only = is_text_only(backend)  # an HTTP server: text prompts, no live KV context (text_path)
+        self.live = None if self.text_only else LiveContext(backend, memory, self.config.n_ctx, self.trace)
         self.history: list[dict] = []
 
     # -- one turn -----------------------------------------------------------------------------------------
@@ -141,6 +143,18 @@ class Agent:
 
     def call_step(self, tool, step: str) -> ToolCall:
         """Arguments for `tool` from `step` (signature first, full schema when needed), then the MCP call."""
+        args, problem, source, ttfat = (text_arguments(self, tool, step) if self.text_only
+                                        else self._local_arguments(tool, step))
+        if args is None:
+            obs = Observation(tool.name, "invalid_arguments",
+                              f"the model did not produce valid arguments for {tool.name}: {problem}")
+        else:
+            obs = self.pool.call(tool.name, args)
+        self.trace.emit("tool_call", arguments=args, source=source, **obs.as_dict())
+        return ToolCall(tool.name, args, source, obs, ttfat)
+
+    def _local_arguments(self, tool, step: str) -> tuple[dict | None, str | None, str, float]:
+        """(arguments, problem, source, ttfat_ms) decoded on the live KV context under the tool's schema."""
         schema = tool.input_schema or {"type": "object"}
         reason = needs_full_schema(tool)
         args, problem, source, ttfat = None, reason, "signature", 0.0
@@ -157,13 +171,7 @@ class Agent:
             source = "full_schema"
             args, problem, t = self._full_schema_args(tool, step, problem)
             ttfat = ttfat or t
-        if args is None:
-            obs = Observation(tool.name, "invalid_arguments",
-                              f"the model did not produce valid arguments for {tool.name}: {problem}")
-        else:
-            obs = self.pool.call(tool.name, args)
-        self.trace.emit("tool_call", arguments=args, source=source, **obs.as_dict())
-        return ToolCall(tool.name, args, source, obs, ttfat)
+        return args, problem, source, ttfat
 
     def _decode_args(self, ids: list[int], schema: dict):
         """Prefill (reusing the cached prefix) and decode under `schema`; ttft_s counts the prefill too."""
@@ -192,6 +200,8 @@ class Agent:
     # -- answer -------------------------------------------------------------------------------------------
     def answer(self, request: str, observations: list[str]) -> str:
         """The model's streamed answer with this turn's observations (history trimmed to fit the budget)."""
+        if self.text_only:
+            return text_answer(self, request, observations)
         tok = self.backend.tokenizer
         history = self.history[-2 * self.config.history_turns:]
         ids = tok.encode_chat(answer_messages(request, observations, history))
@@ -226,6 +236,7 @@ class Agent:
         return answer
 
     def close(self) -> None:
-        self.live.close()
+        if self.live is not None:
+            self.live.close()
         self.pool.close()
         self.trace.close()

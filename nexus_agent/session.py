@@ -15,8 +15,9 @@ from nexus_agent.trace import Trace
 
 @dataclass
 class SessionConfig:
-    """backend: llamacpp | mlx; model: a GGUF/MLX path (None: the packaged SmolLM2); route_mode: gate | embed |
-    rerank (slb.router); trace_path: JSONL trace file (None: in memory only)."""
+    """backend: llamacpp | mlx | openai (an HTTP server configured by NEXUS_OPENAI_*); model: a GGUF/MLX path
+    (None: the packaged SmolLM2; openai: the served model name); route_mode: gate | embed | rerank (slb.router);
+    trace_path: JSONL trace file (None: in memory only)."""
 
     backend: str = "llamacpp"
     model: str | None = None

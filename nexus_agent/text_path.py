@@ -1,0 +1,77 @@
+"""The agent's path on a text-only backend (`capabilities.text_only`: an OpenAI-compatible HTTP server).
+
+There is no local KV cache, so nothing is spliced, evicted or prefix-reused here: every prompt goes to the server
+as chat messages. The argument prompts are the same as on a local backend (the compressed signature first; the
+full schema *as text* when the signature is not enough or its arguments failed). The server constrains the
+reply with the tool's (closed) JSON Schema through `response_format`; `jsonschema` validates every reply
+regardless, since servers differ in how much of JSON Schema they enforce.
+"""
+
+from __future__ import annotations
+
+import time
+
+from native.generate import SamplerConfig
+from nexus_agent.constrained import closed_schema
+from nexus_agent.fullschema import needs_full_schema
+from nexus_agent.prompts import answer_messages, argument_messages, full_schema_messages, render_schema
+from registry.signature import compress
+
+
+def is_text_only(backend) -> bool:
+    """Whether `backend` generates through a text API only (no Session, no tokenizer)."""
+    return bool(getattr(backend.capabilities, "text_only", False))
+
+
+def _stream(agent, messages: list[dict], max_tokens: int, kind: str, schema: dict | None = None):
+    """(text, ttft_s, prompt_tokens, pieces) of one streamed server reply; pieces stream to agent.on_text."""
+    t0 = time.perf_counter()
+    text, ttft, prompt_tokens, n = "", None, 0, 0
+    for r in agent.backend.stream_text(messages, max_tokens, SamplerConfig(), schema=schema):
+        ttft = r.ttft_s if ttft is None else ttft
+        prompt_tokens, n = r.prompt_tokens or prompt_tokens, r.generation_tokens
+        if r.text:
+            text += r.text
+            agent.on_text(kind, r.text)
+    return text, (ttft if ttft is not None else time.perf_counter() - t0), prompt_tokens, n
+
+
+def text_arguments(agent, tool, step: str) -> tuple[dict | None, str | None, str, float]:
+    """(arguments or None, the problem, source "signature" | "full_schema", ms to the first argument piece)."""
+    from nexus_agent.loop import validate
+
+    schema = tool.input_schema or {"type": "object"}
+    constrained = closed_schema(schema)
+    reason = needs_full_schema(tool)
+    args, problem, source, ttfat = None, reason, "signature", 0.0
+    if reason is None:
+        sig = compress(tool)
+        text, ttft, n_prompt, _ = _stream(agent, argument_messages(sig, step), agent.config.max_arg_tokens,
+                                          "args", constrained)
+        ttfat = ttft * 1e3
+        args, problem = validate(text, schema)
+        agent.trace.emit("args", tool=tool.name, source="signature", signature=sig, text=text,
+                         prompt_tokens=n_prompt, ttfat_ms=round(ttfat, 2), valid=args is not None, problem=problem)
+    if args is None:
+        source = "full_schema"
+        agent.trace.emit("full_schema", tool=tool.name, why=problem, how="text_prefill",
+                         fallback="text-only backend: the server holds no splice blocks")
+        text, ttft, n_prompt, _ = _stream(agent, full_schema_messages(render_schema(tool), step, problem),
+                                          agent.config.max_arg_tokens, "args", constrained)
+        args, problem = validate(text, schema)
+        agent.trace.emit("args", tool=tool.name, source="full_schema", text=text, prompt_tokens=n_prompt,
+                         ttfat_ms=round(ttft * 1e3, 2), valid=args is not None, problem=problem)
+        ttfat = ttfat or ttft * 1e3
+    return args, problem, source, ttfat
+
+
+def text_answer(agent, request: str, observations: list[str]) -> str:
+    """The turn's streamed answer from the server (history: the last `history_turns` turns)."""
+    t0 = time.perf_counter()
+    history = agent.history[-2 * agent.config.history_turns:]
+    text, _, n_prompt, n = _stream(agent, answer_messages(request, observations, history),
+                                   agent.config.max_answer_tokens, "answer")
+    answer = text.strip()
+    agent.trace.emit("answer", text=answer, tokens=n, prompt_tokens=n_prompt,
+                     ms=round((time.perf_counter() - t0) * 1e3, 2), cache_tokens=0)
+    return answer

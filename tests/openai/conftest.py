@@ -1,0 +1,87 @@
+"""A real llama-cpp-python server (`python -m llama_cpp.server`) on 127.0.0.1 over the packaged GGUF, started once
+per test session and stopped by its PID; the openai backend pointed at it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+PROBE = Path(__file__).resolve().parents[1] / "agent" / "probe_server.py"
+READY_TIMEOUT_S = 90
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def openai_server(tmp_path_factory):
+    """The server's base URL, e.g. http://127.0.0.1:PORT/v1 (one thread: the machine's cores are shared)."""
+    pytest.importorskip("uvicorn", reason='llama_cpp.server needs llama-cpp-python[server]')
+    from native.model_files import default_model_path
+
+    port = _free_port()
+    log = tmp_path_factory.mktemp("llama-server") / "server.log"
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", default_model_path(), "--host", "127.0.0.1",
+           "--port", str(port), "--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", "2048"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"llama_cpp.server exited with {proc.returncode}: {log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{base}/models", timeout=2) as r:
+                    if json.load(r).get("data"):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"llama_cpp.server not ready after {READY_TIMEOUT_S} s: {log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield base
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="session")
+def openai_backend(openai_server):
+    from native import load_backend
+
+    b = load_backend("openai", base_url=openai_server)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def probe_store(nexus_home):
+    """The agent tests' probe MCP server (records every call under NEXUS_HOME), registered in a fresh store."""
+    from registry.client import list_server_tools
+    from registry.store import RegistryStore
+
+    cmd = f"{sys.executable} {PROBE}"
+    store = RegistryStore()
+    name, tools = list_server_tools(cmd)
+    store.upsert_server(name, cmd)
+    store.add_tools(tools, server=name)
+    yield store
+    store.close()

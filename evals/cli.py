@@ -11,6 +11,8 @@ import importlib
 import json
 from pathlib import Path
 
+from nexus_agent.atomic import write_atomic
+
 # name -> module; the module's docstring first line is the help text.
 EVALS: dict[str, str] = {
     "backends": "evals.backends",
@@ -30,10 +32,7 @@ def write_json(result: dict, out: str | None) -> None:
     if not out:
         return
     path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(f"wrote {path}")
 
 

@@ -12,16 +12,18 @@ Writes go to a temp file in the same folder, are fsynced, then renamed over the 
 from __future__ import annotations
 
 import json
-import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from nexus_agent.atomic import write_atomic
+
 MAGIC = b"NXSLB\x00"
 FORMAT_VERSION = 1
 _ALIGN = 64
+_HEADER_KEYS = {"model_id", "dim", "count", "names", "hashes", "m8_offset", "scales_offset"}
 
 
 class BufferMismatchError(ValueError):
@@ -80,25 +82,15 @@ def write_buffer(path: str | Path, data: BufferData) -> Path:
         header["m8_offset"], header["scales_offset"] = m8_off, _pad(m8_off + n * d)
     blob = json.dumps(header, separators=(",", ":")).encode()
     assert len(MAGIC) + 10 + len(blob) <= header["m8_offset"]
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + struct.pack("<HQ", FORMAT_VERSION, len(blob)) + blob)
-            f.seek(header["m8_offset"])
-            f.write(np.ascontiguousarray(data.m8, np.int8).tobytes())
-            f.seek(header["scales_offset"])
-            f.write(np.ascontiguousarray(data.scales, "<f4").tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+
+    def _write(f) -> None:
+        f.write(MAGIC + struct.pack("<HQ", FORMAT_VERSION, len(blob)) + blob)
+        f.seek(header["m8_offset"])
+        f.write(np.ascontiguousarray(data.m8, np.int8).tobytes())
+        f.seek(header["scales_offset"])
+        f.write(np.ascontiguousarray(data.scales, "<f4").tobytes())
+
+    write_atomic(path, _write)
     return path
 
 
@@ -114,7 +106,18 @@ def read_header(path: str | Path) -> dict:
             raise BufferMismatchError(
                 f"{path} has buffer format version {version}, this Nexus reads {FORMAT_VERSION}: run `nexus slb build`"
             )
-        return json.loads(f.read(hlen))
+        text = f.read(hlen)
+    try:
+        header = json.loads(text) if len(text) == hlen else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or not _HEADER_KEYS <= header.keys():
+        raise BufferMismatchError(f"{path} has a truncated or unreadable header: delete it and run `nexus slb build`")
+    size = path.stat().st_size
+    need = header["scales_offset"] + 4 * header["count"] if header["count"] else 0
+    if size < need:
+        raise BufferMismatchError(f"{path} is {size} bytes but its header needs {need} (truncated): run `nexus slb build`")
+    return header
 
 
 class SLBuffer:

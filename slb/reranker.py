@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nexus_agent.atomic import write_atomic
 from slb.embedder import Embedder, packaged_minilm_path, text_fingerprint
 from slb.scan import scan_batch
 from slb.buffer import quantize_rows
@@ -136,7 +137,7 @@ def train_reranker(
         "steps": steps, "final_loss": float(np.mean(losses[-20:])), "train_s": time.perf_counter() - t0,
         "config": asdict(cfg),
     }
-    (tmp / META).write_text(json.dumps(meta, indent=2))
+    write_atomic(tmp / META, json.dumps(meta, indent=2))
     if out_dir.exists():
         import shutil
 

@@ -13,13 +13,13 @@ import hashlib
 import json
 import mmap
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from native.base import KVRange
+from nexus_agent.atomic import write_atomic
 
 MAGIC = b"NXKVB\x00\x01\x00"
 FORMAT_VERSION = 1
@@ -64,18 +64,13 @@ def write_block(path: Path, header: dict, kv: KVRange) -> Path:
     header["checksum"] = _digest(header, payload)
     text = json.dumps(header, sort_keys=True).encode()
     text += b" " * (-(len(MAGIC) + 8 + len(text)) % _ALIGN)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + len(text).to_bytes(8, "little") + text)
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    head = MAGIC + len(text).to_bytes(8, "little") + text
+
+    def _write(f) -> None:
+        f.write(head)
+        f.write(payload)
+
+    write_atomic(path, _write)
     return path
 
 

@@ -8,10 +8,10 @@ smallest calibrated depth >= n (conservative); beyond `max_depth` the segment is
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from nexus_agent.atomic import write_atomic
 from nexus_agent.home import home_path
 
 REPAIR_MODES = ("none", "head", "suffix", "text")
@@ -66,9 +66,7 @@ class SpliceProfile:
         path = profile_path(self.fingerprint)
         data = json.loads(path.read_text()) if path.exists() else {}
         data.setdefault("splice", {})[self.backend] = asdict(self)
-        tmp = Path(f"{path}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        tmp.replace(path)
+        write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
         return path
 
 

@@ -49,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelError, BackendError, ValueError, FileNotFoundError) as e:
         print(f"nexus {args.command}: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # disk full, file too large, permission: nothing half-written is left (atomic writes)
+        where = f" writing {e.filename}" if e.filename else ""
+        print(f"nexus {args.command}: error{where}: {e.strerror or e}; free disk space (or fix permissions) and "
+              "run the command again: files written before the failure are complete and kept", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     return int(code or 0)

@@ -39,15 +39,19 @@ class Observation:
 class ServerPoolConfig:
     """call_timeout_s: a call that takes longer is abandoned (and its server restarted on the next call);
     start_timeout_s: seconds to start a server; max_restarts: restarts after consecutive failures of one server
-    (an answered call resets the count)."""
+    (an answered call resets the count); max_result_chars: longer result text is cut for the model (with a note
+    saying how much was cut; `Observation.result` keeps the whole structured result)."""
 
     call_timeout_s: float = 20.0
     start_timeout_s: float = 20.0
     max_restarts: int = 1
+    max_result_chars: int = 16_000
 
     def __post_init__(self):
         if self.call_timeout_s <= 0 or self.start_timeout_s <= 0:
             raise ValueError("server timeouts must be > 0 seconds")
+        if self.max_result_chars < 1:
+            raise ValueError(f"max_result_chars must be >= 1, got {self.max_result_chars}")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
 
@@ -129,7 +133,7 @@ class ServerPool:
                                    elapsed_ms=_ms(t0), restarted=restarted)
             srv.restarts = 0  # the server answered: a later failure gets its own restart
             status = "tool_error" if res.is_error else "ok"
-            text = res.text if res.text else json.dumps(res.structured)
+            text = _cap(res.text if res.text else json.dumps(res.structured), self.config.max_result_chars)
             return Observation(tool, status, text, res.structured, _ms(t0), restarted)
         raise AssertionError("unreachable")
 
@@ -147,6 +151,13 @@ class ServerPool:
 
 def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1e3
+
+
+def _cap(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters with a note, so one huge result cannot flood the model's context."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[result truncated: showing {limit} of {len(text)} characters]"
 
 
 def _first_line(e: Exception) -> str:

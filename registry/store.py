@@ -58,6 +58,10 @@ CREATE TABLE IF NOT EXISTS artefacts (
 """
 
 
+class RegistryBusyError(ValueError):
+    """Another process held the registry's write lock for longer than the busy timeout; nothing was written."""
+
+
 @dataclass
 class RegisterReport:
     """What one registration did: tool names per outcome, and the rejected tools with their errors."""
@@ -279,7 +283,14 @@ class _Transaction:
         self.db = db
 
     def __enter__(self):
-        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e):
+                raise
+            raise RegistryBusyError(
+                "the registry is locked by another process's write transaction (another `nexus register` or "
+                "`nexus compile`?); nothing was changed: retry when it has finished") from None
         return self.db
 
     def __exit__(self, exc_type, exc, tb):

@@ -21,6 +21,7 @@ EVALS: dict[str, str] = {
     "scan": "evals.scan",
     "agent": "evals.agent",
     "splice": "evals.splice",
+    "all": "evals.report",  # every eval at report size, then REPORT.md (evals/report.py)
 }
 
 

@@ -6,11 +6,13 @@ Layout (little endian), all sections 64-byte aligned:
 The JSON header holds model_id, dim, count, version, tool names, schema hashes, section offsets and the
 calibration (tau, score floor) written by `slb calibrate`. Row i ≈ m8[i] * scales[i] is the L2-normalized
 embedding of tool i (symmetric per-row quantization: scale = max|x| / 127).
-Writes go to a temp file in the same folder, are fsynced, then renamed over the old file (atomic).
+Writes go to a temp file in the same folder, are fsynced, then renamed over the old file (atomic); the header's
+`checksum` (blake2b-128 over the header without it and both sections) is verified on open.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from dataclasses import dataclass, field
@@ -65,6 +67,15 @@ class BufferData:
             raise ValueError("tool names in a buffer must be unique")
 
 
+def _digest(header: dict, m8: bytes | memoryview, scales: bytes | memoryview) -> str:
+    """blake2b-128 over the header (without its checksum) and both sections: any flipped bit is caught."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps({k: v for k, v in header.items() if k != "checksum"}, sort_keys=True).encode())
+    h.update(m8)
+    h.update(scales)
+    return h.hexdigest()
+
+
 def write_buffer(path: str | Path, data: BufferData) -> Path:
     """Write `data` atomically (temp + fsync + rename) and return the path."""
     path = Path(path)
@@ -76,19 +87,23 @@ def write_buffer(path: str | Path, data: BufferData) -> Path:
     }
     # Offsets depend on the header length, which depends on the offsets' digits: fix them in two passes.
     header["m8_offset"] = header["scales_offset"] = 0
+    header["checksum"] = "0" * 32  # placeholder of the final length
     for _ in range(2):
         blob = json.dumps(header, separators=(",", ":")).encode()
         m8_off = _pad(len(MAGIC) + 2 + 8 + len(blob) + 32)
         header["m8_offset"], header["scales_offset"] = m8_off, _pad(m8_off + n * d)
+    m8 = np.ascontiguousarray(data.m8, np.int8).tobytes()
+    scales = np.ascontiguousarray(data.scales, "<f4").tobytes()
+    header["checksum"] = _digest(header, m8, scales)  # fixed length: the offsets stay valid
     blob = json.dumps(header, separators=(",", ":")).encode()
     assert len(MAGIC) + 10 + len(blob) <= header["m8_offset"]
 
     def _write(f) -> None:
         f.write(MAGIC + struct.pack("<HQ", FORMAT_VERSION, len(blob)) + blob)
         f.seek(header["m8_offset"])
-        f.write(np.ascontiguousarray(data.m8, np.int8).tobytes())
+        f.write(m8)
         f.seek(header["scales_offset"])
-        f.write(np.ascontiguousarray(data.scales, "<f4").tobytes())
+        f.write(scales)
 
     write_atomic(path, _write)
     return path
@@ -135,7 +150,7 @@ class SLBuffer:
                 "rebuild it with `nexus slb build` (or select the matching embedder/recipe)"
             )
         if dim is not None and h["dim"] != dim:
-            raise BufferMismatchError(f"{self.path} holds {h['dim']}-d rows but the embedder makes {dim}-d vectors: rebuild it")
+            raise BufferMismatchError(f"{self.path} holds {h['dim']}-d rows but the embedder makes {dim}-d vectors: rebuild it with `nexus slb build`")
         n, d = h["count"], h["dim"]
         if n:
             # plain ndarray views of the maps: Numba takes ndarray, not the memmap subclass
@@ -143,6 +158,9 @@ class SLBuffer:
             self.scales = np.asarray(np.memmap(self.path, "<f4", "r", offset=h["scales_offset"], shape=(n,)))
         else:
             self.m8, self.scales = np.zeros((0, d), np.int8), np.zeros(0, np.float32)
+        # Buffers written before checksums existed have none; every buffer written now is verified on open.
+        if "checksum" in h and _digest(h, self.m8.tobytes(), np.ascontiguousarray(self.scales, "<f4").tobytes()) != h["checksum"]:
+            raise BufferMismatchError(f"{self.path}: checksum mismatch (corrupted buffer): delete it and run `nexus slb build`")
         self.names: list[str] = h["names"]
         self.hashes: list[str] = h["hashes"]
 

@@ -8,7 +8,8 @@ server-sent events. Arguments under a JSON Schema use the server's `response_for
 `{"type": "json_object", "schema": ...}`, or OpenAI's `json_schema` form); the caller still validates them.
 
 Standard library only (`urllib`). Configuration, first match wins: keyword options, then the environment
-(`NEXUS_OPENAI_BASE_URL`, `NEXUS_OPENAI_MODEL`, `NEXUS_OPENAI_API_KEY`); without a model name the server's
+(`NEXUS_OPENAI_BASE_URL`, `NEXUS_OPENAI_MODEL`, `NEXUS_OPENAI_API_KEY`,
+`NEXUS_OPENAI_SCHEMA_FORMAT`); without a model name the server's
 first `/v1/models` entry is used.
 """
 
@@ -58,7 +59,9 @@ class OpenAIConfig:
         env = os.environ
         return cls(base_url=options.pop("base_url", None) or env.get("NEXUS_OPENAI_BASE_URL") or DEFAULT_BASE_URL,
                    model=model or options.pop("model_name", None) or env.get("NEXUS_OPENAI_MODEL") or None,
-                   api_key=options.pop("api_key", None) or env.get("NEXUS_OPENAI_API_KEY") or None, **options)
+                   api_key=options.pop("api_key", None) or env.get("NEXUS_OPENAI_API_KEY") or None,
+                   schema_format=options.pop("schema_format", None) or env.get("NEXUS_OPENAI_SCHEMA_FORMAT")
+                   or "json_object", **options)
 
 
 @dataclass

@@ -77,3 +77,13 @@ def test_nexus_generate_cli(openai_server):
                        timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert len(p.stdout.strip()) > 5 and "generated" in p.stderr and "TTFT" in p.stderr
+
+
+def test_schema_format_from_env_and_validated(monkeypatch):
+    from native.openai_backend import OpenAIConfig
+
+    monkeypatch.setenv("NEXUS_OPENAI_SCHEMA_FORMAT", "json_schema")
+    assert OpenAIConfig.from_env("m").schema_format == "json_schema"
+    monkeypatch.setenv("NEXUS_OPENAI_SCHEMA_FORMAT", "grammar")
+    with pytest.raises(ValueError, match="schema_format"):
+        OpenAIConfig.from_env("m")

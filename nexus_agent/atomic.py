@@ -29,6 +29,9 @@ def write_atomic(path: str | Path, content: bytes | str | Callable[[BinaryIO], N
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # disk full / file too large: name the file the user was writing, not the temp file
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

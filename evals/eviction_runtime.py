@@ -50,7 +50,8 @@ def fact_recall(backend, ids: list[int], facts, policy_names: list[str], budget:
 
     Returns per policy: accuracy over the facts the full cache answers, recall_rel (= that accuracy, the full
     cache scoring 1 by construction), red-flag rate, and for `certified+recall` the accuracy after recalling
-    `recall_frac` of the trace from the disk tier whenever the certificate flags."""
+    `recall_frac` of the trace from the disk tier whenever the certificate flags (`+recall_always`: on every
+    answer, the oracle-flag upper bound of the disk tier)."""
     tok = backend.tokenizer
     out: dict = {}
     full = EvictingSession(backend.new_session(), make_policy("full"), EvictionConfig(budget=1.0))
@@ -61,8 +62,9 @@ def fact_recall(backend, ids: list[int], facts, policy_names: list[str], budget:
     out["full"] = {"answered": int(sum(ok_full)), "n_facts": len(facts)}
     with tempfile.TemporaryDirectory() as tmp:
         for name in policy_names:
-            with_recall = name.endswith("+recall")
-            pol = make_policy(name.replace("+recall", ""))
+            with_recall = "+recall" in name
+            always = name.endswith("+recall_always")  # oracle flag: recall before every answer
+            pol = make_policy(name.split("+")[0])
             s = EvictingSession(backend.new_session(), pol, EvictionConfig(budget=budget, seed=seed),
                                 spill_path=Path(tmp) / f"{name}.spill")
             s.prefill(ids)
@@ -70,7 +72,7 @@ def fact_recall(backend, ids: list[int], facts, policy_names: list[str], budget:
             for f in items:
                 ok = _answer(s, tok, f)
                 flags.append(s.red_flag)
-                if with_recall and s.red_flag:
+                if with_recall and (s.red_flag or always):
                     recalled += len(s.recall(int(recall_frac * len(ids))))
                     ok = _answer(s, tok, f)
                 hits.append(ok)

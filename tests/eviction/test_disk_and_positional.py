@@ -9,7 +9,7 @@ from nexus_agent.eviction import EvictingSession, EvictionConfig, evict_position
 
 
 def test_recall_restores_exact_kv(mlx_backend, tmp_path):
-    ids = mlx_backend.tokenizer.encode("Thought: check the logs. Action: grep_logs(arg=1)\n" * 12)[:200]
+    ids = mlx_backend.tokenizer.encode("Thought: check the logs. Action: grep_logs(arg=1)\n" * 12)[:160]
     ref = mlx_backend.new_session()
     ref.prefill(ids)
     k_ref, v_ref = ref.cache.export(np.arange(len(ids)))

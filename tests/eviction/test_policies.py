@@ -8,13 +8,13 @@ import pytest
 from nexus_agent.eviction import POLICIES, EvictingSession, EvictionConfig
 from evals.eviction_traces import make_trace, needle_positions
 
-CFG = dict(budget=96, block=16, sinks=4, recent=16, window=8)
+CFG = dict(budget=64, block=16, sinks=4, recent=16, window=8)
 
 
 @pytest.fixture(scope="module")
 def prompt(mlx_backend):
-    ids, _ = needle_positions(mlx_backend.tokenizer, make_trace(3, n_steps=8, n_facts=2))
-    return ids[:240]
+    ids, _ = needle_positions(mlx_backend.tokenizer, make_trace(3, n_steps=12, n_facts=2))
+    return ids[:300]
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,11 @@ def test_policy_keeps_budget_and_original_kv(mlx_backend, prompt, reference, cls
     if cls.name == "full":
         assert s.cache.length == len(prompt) and not s.evict_ms
         return
-    assert s.cache.length <= CFG["budget"] and len(s.evict_ms) == 1
-    assert s.cache.nbytes < ref.cache.nbytes * 0.5  # compaction, not masking
+    # Poisson keeps hold the budget in expectation: allow two blocks of sampling slack for randomized keeps
+    limit = CFG["budget"] + (2 * CFG["block"] if s.policy.randomized else 0)
+    assert s.cache.length <= limit and len(s.evict_ms) == 1
+    # compaction, not masking: the allocated arrays shrink (capacity grows in steps of 256 slots)
+    assert all(a.shape[2] < b.shape[2] for a, b in zip(s.cache.arrays(), ref.cache.arrays()))
     assert set(range(4)) <= set(pos.tolist())  # sinks
     assert set(range(len(prompt) - 16, len(prompt))) <= set(pos.tolist())  # recent window
     assert s.tokens == [prompt[p] for p in pos]
@@ -44,10 +47,9 @@ def test_policy_keeps_budget_and_original_kv(mlx_backend, prompt, reference, cls
     np.testing.assert_array_equal(k, k_ref[:, :, pos])
     np.testing.assert_array_equal(v, v_ref[:, :, pos])
     # decode continues at the logical position and re-evicts once over budget + one block
-    for t in prompt[:20]:
-        logits = s.decode(t)
-    assert np.isfinite(logits).all() and s.n_past == len(prompt) + 20
-    assert s.cache.length <= CFG["budget"] + CFG["block"] and len(s.evict_ms) == 2
+    logits = s.forward_logits(prompt[:40])[-1]  # 40 > one block of slack: must re-evict
+    assert np.isfinite(logits).all() and s.n_past == len(prompt) + 40
+    assert s.cache.length <= limit and len(s.evict_ms) == 2
 
 
 def test_certified_offsets_are_log_inverse_pi(mlx_backend, prompt):

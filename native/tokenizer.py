@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -97,22 +98,27 @@ class Tokenizer:
         )
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of a chat: template markup parses special tokens, message contents never do."""
-        return self.encode_template(self.apply_chat_template(messages, add_generation_prompt), messages)
+        """Token ids of a chat: template markup parses special tokens, message contents never do.
 
-    def encode_template(self, rendered: str, messages: list[dict]) -> list[int]:
-        # Encode message contents as plain text and the markup between them with specials, so text inside a
-        # message cannot forge a role marker. Contents are located in order within the rendered string.
+        The template is rendered once with each content replaced by a placeholder, so the markup and the
+        contents are told apart by construction (searching the rendered text for a content could match inside
+        the markup: a request "r" matched the "r" of "<|im_start|>" and destroyed the role marker).
+        """
+        marked = [dict(m, content=_PLACEHOLDER.format(i)) if m.get("content") else m for i, m in enumerate(messages)]
+        pieces = _PLACEHOLDER_RE.split(self.apply_chat_template(marked, add_generation_prompt))
+        contents = [messages[int(p)]["content"] for p in pieces[1::2]]
+        rendered = self.apply_chat_template(messages, add_generation_prompt)
+        if "".join(p if k % 2 == 0 else contents[k // 2] for k, p in enumerate(pieces)) != rendered:
+            raise ModelError("this chat template changes message contents (e.g. trims them), so markup and text "
+                             "cannot be told apart safely; use a template that inserts contents verbatim")
         ids: list[int] = []
-        pos = 0
-        for m in messages:
-            content = m.get("content") or ""
-            at = rendered.find(content, pos) if content else -1
-            if at < 0:
-                continue
-            ids += self.encode(rendered[pos:at], special=True) + self.encode(content, special=False)
-            pos = at + len(content)
-        return ids + self.encode(rendered[pos:], special=True)
+        for k, piece in enumerate(pieces):
+            ids += self.encode(piece, special=True) if k % 2 == 0 else self.encode(contents[k // 2], special=False)
+        return ids
+
+
+_PLACEHOLDER = "\ue000{}\ue001"  # private-use code points: never in a chat template's own markup
+_PLACEHOLDER_RE = re.compile("\ue000([0-9]+)\ue001")
 
 
 def _raise_template_error(message: str):

@@ -76,12 +76,16 @@ def _meta_validator(cls):
     return cls(cls.META_SCHEMA)
 
 
-def _depth(value: Any) -> int:
-    if isinstance(value, dict):
-        return 1 + max((_depth(v) for v in value.values()), default=0)
-    if isinstance(value, list):
-        return 1 + max((_depth(v) for v in value), default=0)
-    return 0
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether dicts/lists nest deeper than `limit` (iterative: a hostile document cannot exhaust the stack)."""
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            if d > limit:
+                return True
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return False
 
 
 def check_json_schema(tool: str, field: str, schema: Any, limits: ToolLimits = LIMITS) -> None:
@@ -92,13 +96,13 @@ def check_json_schema(tool: str, field: str, schema: Any, limits: ToolLimits = L
     where = f"$.{field}"
     if not isinstance(schema, dict):
         raise ToolValidationError(tool, where, "schema-is-object", f"must be a JSON object, got {type(schema).__name__}")
+    if _depth_exceeds(schema, limits.max_schema_depth):  # first: serializing a very deep document would recurse
+        raise ToolValidationError(tool, where, "max-schema-depth", f"nested deeper than {limits.max_schema_depth}")
     size = len(canonical_json(schema).encode())
     if size > limits.max_schema_bytes:
         raise ToolValidationError(
             tool, where, "max-schema-bytes", f"schema is {size} bytes, limit {limits.max_schema_bytes}; simplify it"
         )
-    if _depth(schema) > limits.max_schema_depth:
-        raise ToolValidationError(tool, where, "max-schema-depth", f"nested deeper than {limits.max_schema_depth}")
     cls = validators.validator_for(schema, default=validators.Draft202012Validator)
     error = best_match(_meta_validator(cls).iter_errors(schema))
     if error is not None:

@@ -27,6 +27,8 @@ def _variants():
 
 
 def run(args: argparse.Namespace) -> dict:
+    from threadpoolctl import threadpool_limits
+
     from native import load_backend
     from nexus_agent.eviction import make_policy
     from evals.eviction_replay import capture, replay, spearman
@@ -57,7 +59,8 @@ def run(args: argparse.Namespace) -> dict:
             for name in names:
                 errs, certs = [], []
                 for ci, cap in enumerate(caps):
-                    e, c, _ = replay(cap, variants[name], b, block=block, seed=args.seed + ci)
+                    with threadpool_limits(1, user_api="blas"):  # small products: BLAS threads only contend
+                        e, c, _ = replay(cap, variants[name], b, block=block, seed=args.seed + ci)
                     errs.append(e)
                     if name == "certified":
                         certs.append((c, e[:, ::4]))

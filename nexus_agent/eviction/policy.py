@@ -33,8 +33,10 @@ class Observation:
 
     def attention(self) -> np.ndarray:
         """Causal softmax attention of the buffered queries, (H, W, N), rows sum to 1."""
-        k = np.repeat(self.keys, self.group, axis=0)  # (H, N, D)
-        logits = self.queries @ k.transpose(0, 2, 1) / np.sqrt(self.keys.shape[-1])  # (H, W, N)
+        # Per-head 2-D products (a batched matmul was measured 60x slower with multithreaded BLAS on 2 busy cores).
+        g = self.group
+        logits = np.stack([self.queries[h] @ self.keys[h // g].T for h in range(self.queries.shape[0])])
+        logits /= np.sqrt(self.keys.shape[-1])  # (H, W, N)
         logits = np.where(self.positions[None, None, :] <= self.qpos[None, :, None], logits, -np.inf)
         logits -= logits.max(-1, keepdims=True)
         a = np.exp(logits)

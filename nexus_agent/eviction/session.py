@@ -16,6 +16,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from nexus_agent.eviction.certificate import aggregate, certify_cell
 from nexus_agent.eviction.config import EvictionConfig
@@ -94,7 +95,8 @@ class EvictingSession:
             old = self.h2o[layer]
             self.h2o[layer] = np.concatenate([old, np.zeros((old.shape[0], acc.shape[1] - old.shape[1]))], 1) + acc
         if self._cert_cells is not None:
-            self._certify(layer, q, qpos)
+            with threadpool_limits(1, user_api="blas"):
+                self._certify(layer, q, qpos)
 
     def _window(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         buf = self.queries[layer]
@@ -125,6 +127,10 @@ class EvictingSession:
 
     def evict(self) -> None:
         """Score every layer, select one slot set for all layers down to the budget, spill and compact."""
+        with threadpool_limits(1, user_api="blas"):  # small NumPy products: BLAS threads only contend with MLX
+            self._evict()
+
+    def _evict(self) -> None:
         t0 = time.perf_counter()
         self._sync()
         c, cache = self.config, self.cache

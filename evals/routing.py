@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> dict:
     from slb.router import Router
     from slb.scan import scan
     from slb.tools import as_entry
+    from nexus_agent.atomic import write_atomic
     from nexus_agent.home import home_path
 
     torch.set_num_threads(args.threads)
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> dict:
     cache = home_path("slb", "eval-cache", f"{registry_fingerprint(tools, args.recipe)}.npy")
     f32 = np.load(cache) if cache.exists() else emb.embed_tools(tools)
     if not cache.exists():
-        np.save(cache, f32)
+        write_atomic(cache, lambda f: np.save(f, f32))  # a torn cache would be loaded on the next run
     m8, sc = quantize_rows(f32)
     embed_tools_s = time.perf_counter() - t0
     qv = emb.embed_texts([q["query"] for q in scored])

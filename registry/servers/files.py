@@ -11,6 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from nexus_agent.atomic import write_atomic
 from registry.decorator import tool
 from registry.servers.runtime import ToolInputError, handlers_from_functions, serve
 
@@ -34,8 +35,7 @@ def write_file(path: str, content: str) -> dict:
     if len(data) > MAX_FILE_BYTES:
         raise ToolInputError(f"content is {len(data)} bytes; the limit is {MAX_FILE_BYTES}")
     target = _resolve(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
+    write_atomic(target, data)  # a crash mid-write leaves the old file, never half of the new one
     return {"path": path, "bytes": len(data)}
 
 

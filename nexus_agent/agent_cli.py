@@ -14,8 +14,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("chat", help="interactive agent session (empty line or Ctrl-D to quit)")
     _agent_args(c)
     c.set_defaults(func=_chat)
-    d = sub.add_parser("doctor", help="check the model, llguidance, registry, router and servers")
+    d = sub.add_parser("doctor", help="check installation, model, llguidance, registry, buffer, blocks and servers")
     d.add_argument("--backend", choices=["mlx", "llamacpp"], default="llamacpp")
+    d.add_argument("--no-servers", action="store_true", help="do not start the registered MCP servers")
     d.set_defaults(func=_doctor)
 
 
@@ -90,7 +91,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from nexus_agent.doctor import run_checks
 
     ok = True
-    for name, passed, detail in run_checks(args.backend):
+    for name, passed, detail in run_checks(args.backend, servers=not args.no_servers):
         ok &= passed
         print(f"[{'ok' if passed else 'FAIL'}] {name}: {detail}")
     return 0 if ok else 1

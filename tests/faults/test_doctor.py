@@ -1,0 +1,75 @@
+"""`nexus doctor` on a real home: healthy, then with a stale and a corrupted artefact of each kind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nexus_agent.doctor import check_blocks, check_buffer, check_install, check_registry
+from registry.servers.calculator import FUNCTIONS as CALCULATOR
+from registry.sources import register_functions
+from registry.store import RegistryStore
+from slb.build import build_buffer
+from slb.embedder import Embedder
+from slb.service import buffer_path
+from splice.compiler import compile_stale
+
+NEXUS = Path(sys.executable).with_name("nexus")
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _rows(store):
+    return {name: (ok, detail) for name, ok, detail in check_registry(store) + check_buffer(store) + check_blocks(store)}
+
+
+@pytest.mark.slow
+def test_doctor_reports_stale_and_corrupted_artefacts(llamacpp_backend, nexus_home, fault):
+    f = fault("stale + corrupted artefacts in a home", "nexus_agent.doctor",
+              "doctor flags each (stale buffer, stale block, broken block) with the command that fixes it; exit 1")
+    with RegistryStore() as store:
+        register_functions(CALCULATOR, store)
+        build_buffer(store.list_tools(), Embedder(), buffer_path())
+        blocks = compile_stale(llamacpp_backend, store, progress=False)
+        healthy = _rows(store)
+        assert all(ok for ok, _ in healthy.values()), healthy
+        assert healthy["kv blocks"][1].startswith(f"{len(blocks)} ok, 0 stale, 0 broken")
+
+        add = store.get_tool("add").to_mcp()  # a schema change: buffer row and block of `add` are now stale
+        store.add_tools([dict(add, description=add["description"] + " Works on floats.")])
+        broken_block = next(p for p in blocks if not p.name.startswith("add@"))
+        _flip(broken_block, broken_block.stat().st_size - 100)
+        rows = _rows(store)
+        assert not rows["slb buffer"][0] and "1 changed (add)" in rows["slb buffer"][1]
+        assert "nexus slb build" in rows["slb buffer"][1]
+        assert rows["kv blocks"][1].startswith(f"{len(blocks) - 2} ok, 1 stale, 1 broken")
+        assert broken_block.name in rows["kv blocks broken"][1] and "checksum" in rows["kv blocks broken"][1]
+        assert "add@" in rows["kv blocks stale"][1] and "nexus compile" in rows["kv blocks stale"][1]
+
+        _flip(buffer_path(), buffer_path().stat().st_size - 1)  # now the buffer itself is corrupted
+        assert "checksum" in check_buffer(store)[0][2]
+        (broken_block.parent / ".x.kvb.123.tmp").write_bytes(b"partial")
+        assert "leftover temp" in _rows(store)["kv blocks temp files"][1]
+
+    env = dict(os.environ, NEXUS_HOME=str(nexus_home), NEXUS_THREADS="1")
+    cli = subprocess.run([str(NEXUS), "doctor", "--no-servers"], env=env, capture_output=True, text=True, timeout=240)
+    assert cli.returncode == 1, cli.stdout + cli.stderr
+    for needle in ("[ok] model", "[ok] llguidance", "[ok] registry", "[FAIL] slb buffer", "[FAIL] kv blocks broken",
+                   "[FAIL] kv blocks stale", "nexus compile", "nexus slb build"):
+        assert needle in cli.stdout, cli.stdout
+    f.observe("healthy home all ok; then stale buffer/block, broken block and buffer, temp file each flagged "
+              "with its fix; CLI exit 1", lost=0)
+
+
+def test_install_checks_name_the_packaged_models():
+    rows = {n: (ok, d) for n, ok, d in check_install("llamacpp")}
+    assert rows["model files"][0] and rows["model files"][1].endswith(".gguf")
+    assert rows["embedder files"][0]

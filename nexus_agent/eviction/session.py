@@ -229,6 +229,7 @@ class EvictingSession:
         k, v, toks = self.spill.read(chosen_arr)
         self.cache.insert(mx.array(k), mx.array(v), chosen_arr)
         self.inner.tokens += [int(t) for t in toks]
+        self.budget += len(chosen_arr)  # the recall budget sits on top of the eviction budget
         self._sync()
         self.pi[:] = 1.0
         self.unit[:] = -1

@@ -13,11 +13,9 @@ import pytest
 
 from nexus_agent.atomic import write_atomic
 from registry.model import Tool
-from slb.buffer import SLBuffer
 from slb.build import build_buffer
 from slb.embedder import Embedder
-from slb.gate import GateConfig
-from slb.router import Router
+from slb.service import open_router
 from slb.tools import as_entry
 from splice.block import load_block
 from splice.compiler import block_key, block_path, compile_blocks
@@ -59,10 +57,8 @@ def _in_threads(fn, jobs):
 
 def test_threads_route_bit_identically(tmp_path, fault):
     f = fault("4 threads route over one buffer", "slb.router / slb.buffer", "decisions and scores bit-identical")
-    emb = Embedder()
-    build_buffer(TOOLS, emb, tmp_path / "b.slb")
-    buf = SLBuffer(tmp_path / "b.slb", model_id=emb.model_id)
-    router = Router(emb, buf.m8, buf.scales, [as_entry(t) for t in TOOLS], GateConfig(tau=0.05, floor=0.2))
+    build_buffer(TOOLS, Embedder(), tmp_path / "b.slb")
+    router = open_router("gate", tools=[as_entry(t) for t in TOOLS], path=tmp_path / "b.slb")  # memory-mapped buffer
     key = lambda d: (d.tool, d.path, d.score, d.margin, tuple(d.as_dict().get("candidates", [])))  # noqa: E731
     single = [key(router.route(q)) for q in QUERIES]
     jobs = list(range(len(QUERIES)))

@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> dict:
     from nexus_agent.servers import ServerPool
     from slb.buffer import quantize_rows
     from slb.embedder import Embedder
+    from slb.index import ScanIndex
     from slb.router import Router
     from slb.tools import as_entry
 
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace) -> dict:
         rows = []
         for k, (task, q) in enumerate(zip(tasks, qv)):
             idx = _registry(rng, by_name[task.tool], len(bundled), len(tools), size)
-            router = Router(emb, np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx]),
+            router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])),
                             [entries[i] for i in idx], mode="embed")
             t0 = time.perf_counter()
             d = router.route(task.request, q)

@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> dict:
     from slb.embedder import Embedder, EmbedderConfig
     from slb.gate import GateConfig, gate_stats, pick_floor, pick_tau
     from slb.reranker import Reranker, RerankerTrainConfig, registry_fingerprint, reranker_meta, train_reranker
+    from slb.index import ScanIndex
     from slb.router import Router
     from slb.scan import scan
     from slb.tools import as_entry
@@ -192,7 +193,7 @@ def run(args: argparse.Namespace) -> dict:
         routed, paths, lat = [], [], []
         for q, v, g, gate in zip(scored, qv, golds, gate_of):
             idx = _registry(rng, len(tools), g, size)
-            router = Router(emb, np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx]), [tools[i] for i in idx], gate, rr)
+            router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])), [tools[i] for i in idx], gate, rr)
             d = router.route(q["query"], v)
             routed.append(d.tool == names[g])
             paths.append(d.path)

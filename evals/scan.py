@@ -1,5 +1,8 @@
 """Scan latency: the Numba INT8 kernel vs the NumPy float32 matmul (+ top-k) on the same data, one thread.
 
+`numba_us_p50` is the path a buffer of that size uses (`path`: plain single pass below
+slb.twostage.TWO_STAGE_MIN_ROWS, two_stage above); both paths are reported (`plain_us_p50`,
+`two_stage_us_p50`, the latter including the per-query 384x384 rotation).
 Rows are random unit vectors (the scan's cost does not depend on their content); the same query set is
 timed on both paths in the same process.
 """
@@ -40,17 +43,21 @@ def run(args: argparse.Namespace) -> dict:
 
     from slb.buffer import quantize_rows
     from slb.scan import scan
+    from slb.twostage import COARSE_DIM, TWO_STAGE_MIN_ROWS, fit_rotation
 
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(1):
-        return _run(args, np, quantize_rows, scan)
+        return _run(args, np, quantize_rows, scan, (COARSE_DIM, TWO_STAGE_MIN_ROWS, fit_rotation))
 
 
-def _run(args, np, quantize_rows, scan) -> dict:
+def _run(args, np, quantize_rows, scan, two) -> dict:
+    from slb.index import ScanIndex
+
+    kc, min_rows, fit_rotation = two
     rng = np.random.default_rng(args.seed)
     result = {"sizes": {}, "dim": args.dim, "k": args.k, "threads": 1}
-    print(f"{'N':>8} {'numba us':>10} {'numpy f32 us':>13} {'speedup':>8}")
+    print(f"{'N':>8} {'used':>10} {'plain us':>9} {'2-stage us':>10} {'numpy f32 us':>13} {'speedup':>8}")
     for n in (int(s) for s in args.sizes.split(",")):
         x = rng.standard_normal((n, args.dim)).astype(np.float32)
         x /= np.linalg.norm(x, axis=1, keepdims=True)
@@ -58,8 +65,17 @@ def _run(args, np, quantize_rows, scan) -> dict:
         q = np.ascontiguousarray(x[rng.integers(0, n, 16)] + 0.1 * rng.standard_normal((16, args.dim)).astype(np.float32))
         q /= np.linalg.norm(q, axis=1, keepdims=True)
         reps = max(20, args.repeats if n <= 10000 else args.repeats // 4)
-        nb = _p50_us(lambda v: scan(m8, sc, v, args.k, "numba"), q, reps * (10 if n <= 1000 else 1))
+        plain = ScanIndex(m8, sc)
+        rot = fit_rotation(x)  # the build-time PCA rotation; the query rotation is inside the timed call
+        y8, ys = quantize_rows(x @ rot.T)
+        two_stage = ScanIndex(np.ascontiguousarray(y8[:, :kc]), ys, np.ascontiguousarray(y8[:, kc:]), rot)
+        r_small = reps * (10 if n <= 1000 else 1)
+        pl = _p50_us(lambda v: plain.scan(v, args.k), q, r_small)
+        ts = _p50_us(lambda v: two_stage.scan(v, args.k), q, r_small)
         npf = _p50_us(lambda v: scan(m8, sc, v, args.k, "numpy", f32=x), q, reps)
-        result["sizes"][str(n)] = {"numba_us_p50": nb, "numpy_f32_us_p50": npf, "speedup": npf / nb}
-        print(f"{n:>8} {nb:10.1f} {npf:13.1f} {npf / nb:8.1f}x")
+        used = "two_stage" if n >= min_rows else "plain"
+        nb = ts if used == "two_stage" else pl
+        result["sizes"][str(n)] = {"numba_us_p50": nb, "numpy_f32_us_p50": npf, "speedup": npf / nb, "path": used,
+                                   "plain_us_p50": pl, "two_stage_us_p50": ts, "coarse_dim": kc}
+        print(f"{n:>8} {used:>10} {pl:9.1f} {ts:10.1f} {npf:13.1f} {npf / nb:8.1f}x")
     return result

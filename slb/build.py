@@ -9,6 +9,7 @@ import numpy as np
 
 from slb.buffer import BufferData, BufferMismatchError, SLBuffer, quantize_rows, write_buffer
 from slb.embedder import Embedder
+from slb.twostage import COARSE_DIM, TWO_STAGE_MIN_ROWS, fit_rotation
 from slb.tools import ToolEntry, as_entry
 
 
@@ -49,22 +50,30 @@ def build_buffer(tools: list, embedder: Embedder, path: str | Path, keep_calibra
             scratch = False
         except BufferMismatchError:
             old = None
-    reuse: dict[str, tuple[np.ndarray, float]] = {}
+    reuse: dict[str, int] = {}
+    old_rows = None
     if old is not None:
-        for i, h in enumerate(old.hashes):
-            reuse[h] = (np.array(old.m8[i]), float(old.scales[i]))
+        old_rows = old.index.rows_f32()  # dequantized, rotation undone: the embedder's basis
+        reuse = {h: i for i, h in enumerate(old.hashes)}
     todo = [t for t in entries if t.schema_hash not in reuse]
-    fresh_m8, fresh_s = quantize_rows(embedder.embed_tools(todo)) if todo else (None, None)
-    fresh = {t.schema_hash: (fresh_m8[j], fresh_s[j]) for j, t in enumerate(todo)}
+    fresh_x = embedder.embed_tools(todo) if todo else None
+    fresh = {t.schema_hash: j for j, t in enumerate(todo)}
     dim = embedder.dim
-    m8 = np.zeros((len(entries), dim), np.int8)
-    scales = np.zeros(len(entries), np.float32)
+    x = np.zeros((len(entries), dim), np.float32)
     for i, t in enumerate(entries):
-        m8[i], scales[i] = reuse.get(t.schema_hash) or fresh[t.schema_hash]
+        h = t.schema_hash
+        x[i] = old_rows[reuse[h]] if h in reuse else fresh_x[fresh[h]]
+    rotation, coarse = None, 0
+    if len(entries) >= TWO_STAGE_MIN_ROWS and dim > COARSE_DIM:
+        # Two-stage layout: refit the PCA rotation on the whole registry. Reused rows of a rotated buffer
+        # pass through one more INT8 rounding here (they are rebuilt from their dequantized values).
+        rotation, coarse = fit_rotation(x), COARSE_DIM
+        x = x @ rotation.T
+    m8, scales = quantize_rows(x)  # idempotent on dequantized unrotated rows: small rebuilds are exact
     hashes = [t.schema_hash for t in entries]
     calibration = {}
     if old is not None and (keep_calibration or sorted(old.hashes) == sorted(hashes)):
         calibration = old.calibration
     removed = len(set(old.hashes) - set(hashes)) if old is not None else 0
-    write_buffer(path, BufferData(embedder.model_id, dim, names, hashes, m8, scales, calibration))
+    write_buffer(path, BufferData(embedder.model_id, dim, names, hashes, m8, scales, calibration, rotation, coarse))
     return BuildReport(str(path), len(entries), len(entries) - len(todo), len(todo), removed, scratch)

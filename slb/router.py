@@ -10,7 +10,7 @@ import numpy as np
 from slb.embedder import Embedder
 from slb.gate import GateConfig
 from slb.reranker import Reranker
-from slb.scan import scan
+from slb.index import ScanIndex
 from slb.tools import ToolEntry, tool_text
 
 PATHS = ("auto", "rerank", "none")
@@ -35,19 +35,20 @@ class RouteDecision:
 
 
 class Router:
-    """Routes queries over one buffer (m8 (N, D) int8, scales (N,)) with tool texts for the reranker.
+    """Routes queries over one buffer's `ScanIndex` (slb.index: `ScanIndex(m8, scales)` for plain (N, D) int8
+    rows, `SLBuffer.index` for a buffer file) with tool texts for the reranker.
 
     mode: "gate" (auto / rerank / none as calibrated), "embed" (always the scan's top-1, no floor),
     "rerank" (rerank every query that passes the floor).
     """
 
-    def __init__(self, embedder: Embedder, m8: np.ndarray, scales: np.ndarray, tools: list[ToolEntry],
+    def __init__(self, embedder: Embedder, index: ScanIndex, tools: list[ToolEntry],
                  gate: GateConfig | None = None, reranker: Reranker | None = None, mode: str = "gate"):
-        if len(tools) != len(m8):
-            raise ValueError(f"{len(tools)} tools for {len(m8)} buffer rows: rebuild the buffer")
+        if len(tools) != len(index):
+            raise ValueError(f"{len(tools)} tools for {len(index)} buffer rows: rebuild the buffer")
         if mode not in ("gate", "embed", "rerank"):
             raise ValueError(f"unknown router mode {mode!r}")
-        self.embedder, self.m8, self.scales, self.tools = embedder, m8, scales, tools
+        self.embedder, self.index, self.tools = embedder, index, tools
         self.gate = gate or GateConfig()
         self.reranker, self.mode = reranker, mode
         self._texts = [tool_text(t, embedder.config.recipe) for t in tools]
@@ -58,7 +59,7 @@ class Router:
         if qvec is None:
             qvec = self.embedder.embed_query(query)
         t1 = time.perf_counter()
-        s, ids = scan(self.m8, self.scales, np.ascontiguousarray(qvec, np.float32), self.gate.k)
+        s, ids = self.index.scan(qvec, self.gate.k)
         t2 = time.perf_counter()
         top1 = float(s[0])
         margin = float(s[0] - s[1]) if len(s) > 1 else 1.0

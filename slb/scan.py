@@ -95,6 +95,17 @@ def _scan_one(m8, scales, q, k):
 
 
 @njit(cache=True, nogil=True, fastmath=True, boundscheck=False)
+def _scan_into(m8, scales, q, q16, acc, top_s, top_i):
+    # _scan_one into caller-owned scratch q16 (D,) int16, acc (_BLOCK,) int32 and outputs top_s/top_i (k,):
+    # no allocation on the hot path (slb.index.ScanIndex keeps these buffers per index).
+    qscale = _quantize_into(q, q16)
+    for j in range(top_s.shape[0]):
+        top_s[j] = -np.inf
+        top_i[j] = -1
+    return _scan_rows(m8, scales, q16, qscale, 0, m8.shape[0], top_s, top_i, 0, acc)
+
+
+@njit(cache=True, nogil=True, fastmath=True, boundscheck=False)
 def _scan_many(m8, scales, qs, k):
     # qs (B, D) float32 -> (B, k) scores and ids; rows are walked in blocks of 512 so that one block stays
     # in L2 while every query passes over it (the matrix is read from memory once, not B times).

@@ -14,7 +14,6 @@ from slb.embedder import Embedder, EmbedderConfig
 from slb.gate import GateConfig, gate_stats, pick_floor, pick_tau
 from slb.reranker import Reranker, RerankerTrainConfig, registry_fingerprint, reranker_meta, train_reranker
 from slb.router import Router
-from slb.scan import scan_batch
 from slb.synth import synthesize_queries
 from slb.tools import ToolEntry, as_entry
 
@@ -78,7 +77,7 @@ def calibrate(tools: list[ToolEntry], labelled: list[tuple[str, str]], embedder:
     if len(labelled) < 10:
         raise ValueError(f"only {len(labelled)} labelled queries name a tool in the buffer: need at least 10")
     qv = embedder.embed_texts([q for q, _ in labelled])
-    s, ids = scan_batch(buf.m8, buf.scales, qv, k=2)
+    s, ids = buf.index.scan_batch(qv, k=2)
     gold = np.array([pos[g] for _, g in labelled])
     margins = s[:, 0] - s[:, 1] if s.shape[1] > 1 else np.ones(len(s))
     correct = ids[:, 0] == gold
@@ -99,7 +98,7 @@ def _fit_rerank_weight(rr: Reranker, buf: SLBuffer, tools, labelled, qv, gold, k
     from slb.tools import tool_text
 
     texts = {t.name: tool_text(t, rr.meta["recipe"] if rr.meta else "name_desc_params") for t in tools}
-    s, ids = scan_batch(buf.m8, buf.scales, qv[:limit], k=k)
+    s, ids = buf.index.scan_batch(qv[:limit], k=k)
     logits = np.stack([rr.score(q, [texts[buf.names[i]] for i in row]) for (q, _), row in zip(labelled[:limit], ids)])
     pos = np.array([int(np.flatnonzero(row == g)[0]) if g in row else -1 for row, g in zip(ids, gold[:limit])])
     return pick_rerank_weight(s, logits, pos)
@@ -137,4 +136,4 @@ def open_router(mode: str = "gate", reranker: str | None = None, config: Embedde
     rr_dir = Path(reranker) if reranker else default_reranker_dir(entries, embedder.config.recipe)
     if reranker or rr_dir.is_dir():
         rr = Reranker(rr_dir)
-    return Router(embedder, buf.m8, buf.scales, entries, gate, rr, mode)
+    return Router(embedder, buf.index, entries, gate, rr, mode)

@@ -26,20 +26,20 @@ def buffer(tmp_path, embedder):
 
 
 def test_embedding_routes_handwritten_queries(buffer, embedder):
-    r = Router(embedder, buffer.m8, buffer.scales, [as_entry(t) for t in TOOLS], mode="embed")
+    r = Router(embedder, buffer.index, [as_entry(t) for t in TOOLS], mode="embed")
     hits = [r.route(q).tool == gold for q, gold in QUERIES]
     assert np.mean(hits) >= 11 / 12
 
 
 def test_floor_sends_chit_chat_to_none_and_tau_sends_close_calls_to_rerank(buffer, embedder):
     tools = [as_entry(t) for t in TOOLS]
-    d = Router(embedder, buffer.m8, buffer.scales, tools, GateConfig(tau=0.0, floor=0.45)).route("lol ok, thanks buddy!")
+    d = Router(embedder, buffer.index, tools, GateConfig(tau=0.0, floor=0.45)).route("lol ok, thanks buddy!")
     assert d.path == "none" and d.tool is None and d.score < 0.45
-    d = Router(embedder, buffer.m8, buffer.scales, tools, GateConfig(tau=0.0, floor=-1.0)).route("Will it rain in Paris today?")
+    d = Router(embedder, buffer.index, tools, GateConfig(tau=0.0, floor=-1.0)).route("Will it rain in Paris today?")
     assert d.path == "auto" and d.tool == "get_weather" and d.margin > 0
     assert set(d.timings) == {"embed_ms", "scan_ms", "rerank_ms", "total_ms"}
     # without a reranker a below-tau decision keeps the scan's top-1 but is not called "auto"
-    d = Router(embedder, buffer.m8, buffer.scales, tools, GateConfig(tau=1.0, floor=-1.0)).route("Will it rain in Paris today?")
+    d = Router(embedder, buffer.index, tools, GateConfig(tau=1.0, floor=-1.0)).route("Will it rain in Paris today?")
     assert d.path == "rerank" and d.tool == "get_weather" and d.candidates[0][2] is None
 
 
@@ -63,10 +63,10 @@ def test_tiny_reranker_trains_saves_reloads_and_reranks(tmp_path, buffer, embedd
     again = train(tools, embedder, [], cfg, out, progress=False)
     assert again["reused"]  # same registry: no retraining
     rr = Reranker(out)
-    texts = [Router(embedder, buffer.m8, buffer.scales, tools)._texts[i] for i in range(len(tools))]
+    texts = [Router(embedder, buffer.index, tools)._texts[i] for i in range(len(tools))]
     s = rr.score("What is the area of a triangle with base 4 and height 3?", texts)
     assert s.shape == (12,) and int(np.argmax(s)) == 2  # 25 steps already learn the easy case
-    d = Router(embedder, buffer.m8, buffer.scales, tools, GateConfig(tau=2.0, floor=-1.0, k=4), rr).route(
+    d = Router(embedder, buffer.index, tools, GateConfig(tau=2.0, floor=-1.0, k=4), rr).route(
         "What is the area of a triangle with base 4 and height 3?")
     assert d.path == "rerank" and d.tool == "calc.triangle_area"
     assert all(c[2] is not None for c in d.candidates) and len(d.candidates) == 4

@@ -1,0 +1,91 @@
+"""`ScanIndex`: the rows the router scans, and the one place that picks the scan path for them.
+
+Two layouts, one API (`scan`, `scan_batch`):
+- plain (rotation None): `lead` is the whole (N, D) int8 matrix and `tail` is (N, 0); the single-pass
+  kernel of slb.scan runs on it (small registries: no query rotation, ~microseconds).
+- rotated (two-stage, N >= slb.twostage.TWO_STAGE_MIN_ROWS at build time): rows are stored as R @ x,
+  `lead` (N, kc) holds the kc leading PCA coordinates and `tail` (N, D - kc) the rest; the query is rotated
+  once and slb.twostage scans `lead` for a shortlist, then rescores it on all dims.
+
+`scan` writes into buffers owned by the index (no allocation per call) and returns copies of the (k,)
+results; an index is therefore not safe to share between threads scanning at once (build one per thread).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slb.scan import _BLOCK, _check, _scan_into, scan_batch
+from slb.twostage import SHORTLIST, _two_stage_into
+
+
+class ScanIndex:
+    """lead (N, kc) int8, scales (N,) float32, tail (N, D - kc) int8 or None, rotation (D, D) float32 or
+    None (plain rows), shortlist: rows rescored exactly by the two-stage path."""
+
+    def __init__(self, lead: np.ndarray, scales: np.ndarray, tail: np.ndarray | None = None,
+                 rotation: np.ndarray | None = None, shortlist: int = SHORTLIST):
+        n = lead.shape[0]
+        self.tail = tail if tail is not None else np.zeros((n, 0), np.int8)
+        self.dim = lead.shape[1] + self.tail.shape[1]
+        if rotation is not None and rotation.shape != (self.dim, self.dim):
+            raise ValueError(f"rotation must be ({self.dim}, {self.dim}), got {rotation.shape}: rebuild the buffer")
+        if rotation is None and self.tail.shape[1]:
+            raise ValueError("a split (lead, tail) layout needs its rotation: rebuild the buffer")
+        _check(lead, scales, lead.shape[1], 1)
+        if self.tail.shape[0] != n or self.tail.dtype != np.int8:
+            raise ValueError(f"tail must be ({n}, D - kc) int8, got {self.tail.shape} {self.tail.dtype}")
+        if shortlist < 1:
+            raise ValueError(f"shortlist must be >= 1, got {shortlist}")
+        self.lead, self.scales, self.rotation = lead, np.ascontiguousarray(scales, np.float32), rotation
+        self.shortlist = max(1, min(shortlist, n, _BLOCK))  # stage 2 scores land in the (_BLOCK,) scratch
+        self._q16 = np.empty(self.dim, np.int16)
+        self._acc = np.empty(_BLOCK, np.int32)
+        self._y = np.empty(self.dim, np.float32)
+        self._hs = np.empty(self.shortlist, np.float32)
+        self._hi = np.empty(self.shortlist, np.int64)
+        self._k = 0
+
+    @property
+    def two_stage(self) -> bool:
+        return self.rotation is not None
+
+    def __len__(self) -> int:
+        return self.lead.shape[0]
+
+    def rows(self) -> np.ndarray:
+        """(N, D) int8 rows in the stored basis (rotated when `two_stage`); a copy when split."""
+        return self.lead if not self.tail.shape[1] else np.hstack([self.lead, self.tail])
+
+    def rows_f32(self) -> np.ndarray:
+        """(N, D) float32 dequantized rows in the embedder's basis (the rotation undone)."""
+        x = self.rows().astype(np.float32) * self.scales[:, None]
+        return x @ self.rotation if self.rotation is not None else x
+
+    def scan(self, q: np.ndarray, k: int = 5) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k rows for one (D,) float32 unit query: (scores (k',) float32 best first, ids (k',) int64),
+        k' = min(k, N). Scores are cosines up to INT8 rounding (see slb.scan.quantization_bound)."""
+        if k != self._k:
+            if not (q.ndim == 1 and q.shape[0] == self.dim):
+                _check(self.lead, self.scales, q.shape[-1], k)  # raises with an actionable message
+            self._k = k
+            kk = _check(self.lead, self.scales, self.lead.shape[1], k)
+            self._top_s, self._top_i = np.empty(kk, np.float32), np.empty(kk, np.int64)
+        if q.dtype != np.float32 or q.ndim != 1 or q.shape[0] != self.dim or not q.flags.c_contiguous:
+            q = np.ascontiguousarray(q, np.float32)
+            if q.shape != (self.dim,):
+                raise ValueError(f"query dimension {q.shape} does not match the buffer's {self.dim}: was it embedded by the same model?")
+        if self.rotation is None:
+            _scan_into(self.lead, self.scales, q, self._q16, self._acc, self._top_s, self._top_i)
+        else:
+            _two_stage_into(self.rotation, self.lead, self.tail, self.scales, q, self._y, self._q16, self._acc,
+                            self._hs, self._hi, self._top_s, self._top_i)
+        return self._top_s.copy(), self._top_i.copy()
+
+    def scan_batch(self, queries: np.ndarray, k: int = 5) -> tuple[np.ndarray, np.ndarray]:
+        """(B, D) float32 queries -> (scores (B, k'), ids (B, k')), as `scan` per query."""
+        queries = np.ascontiguousarray(np.atleast_2d(queries), np.float32)
+        if self.rotation is None:
+            return scan_batch(self.lead, self.scales, queries, k)
+        out = [self.scan(q, k) for q in queries]
+        return np.stack([s for s, _ in out]), np.stack([i for _, i in out])

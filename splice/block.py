@@ -82,6 +82,8 @@ def read_header(path: Path) -> tuple[dict, int]:
             if len(head) < 16 or head[:8] != MAGIC:
                 raise BlockError(f"{path}: not a Nexus KV block (bad magic); run `nexus compile` to rebuild it")
             n = int.from_bytes(head[8:], "little")
+            if n > os.fstat(f.fileno()).st_size:  # a garbled length must not allocate gigabytes
+                raise BlockError(f"{path}: header length {n} exceeds the file (corrupted); run `nexus compile`")
             text = f.read(n)
     except OSError as e:
         raise BlockError(f"{path}: cannot read block ({e})") from None
@@ -90,6 +92,8 @@ def read_header(path: Path) -> tuple[dict, int]:
     try:
         header = json.loads(text)
     except ValueError:
+        header = None
+    if not isinstance(header, dict):
         raise BlockError(f"{path}: unreadable header; run `nexus compile` to rebuild it") from None
     if header.get("format_version") != FORMAT_VERSION:
         raise BlockError(f"{path}: block format {header.get('format_version')} != {FORMAT_VERSION}; recompile it")

@@ -1,11 +1,15 @@
 """The buffer file: INT8 tool embeddings opened with numpy.memmap.
 
-Layout (little endian), all sections 64-byte aligned:
-    b"NXSLB\\x00" + u16 format version | u64 header length | JSON header | int8 matrix (count, dim) |
-    float32 scales (count,)
-The JSON header holds model_id, dim, count, version, tool names, schema hashes, section offsets and the
-calibration (tau, score floor) written by `slb calibrate`. Row i ≈ m8[i] * scales[i] is the L2-normalized
-embedding of tool i (symmetric per-row quantization: scale = max|x| / 127).
+Layout (little endian), all sections 64-byte aligned (format version 2):
+    b"NXSLB\\x00" + u16 format version | u64 header length | JSON header | [float32 rotation (dim, dim)] |
+    int8 lead (count, coarse_dim) | int8 tail (count, dim - coarse_dim) | float32 scales (count,)
+The JSON header holds model_id, dim, count, version, coarse_dim, tool names, schema hashes, section offsets
+and the calibration (tau, score floor) written by `slb calibrate`. Row i = [lead[i] | tail[i]] and
+row i * scales[i] ≈ R @ x_i, x_i the L2-normalized embedding of tool i (symmetric per-row quantization:
+scale = max|y| / 127). Small buffers have no rotation (R = I, coarse_dim = dim, empty tail: single-pass
+scan); large ones (>= slb.twostage.TWO_STAGE_MIN_ROWS rows) store a PCA rotation and split the rows so the
+two-stage scan reads only the contiguous lead block in its first stage (see slb/twostage.py, slb/index.py).
+Version 1 files (no rotation, one matrix) are rejected with a request to rebuild.
 Writes go to a temp file in the same folder, are fsynced, then renamed over the old file (atomic); the header's
 `checksum` (blake2b-128 over the header without it and both sections) is verified on open.
 """
@@ -23,9 +27,10 @@ import numpy as np
 from nexus_agent.atomic import write_atomic
 
 MAGIC = b"NXSLB\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _ALIGN = 64
-_HEADER_KEYS = {"model_id", "dim", "count", "names", "hashes", "m8_offset", "scales_offset"}
+_HEADER_KEYS = {"model_id", "dim", "count", "names", "hashes", "coarse_dim", "lead_offset", "tail_offset",
+                "scales_offset"}
 
 
 class BufferMismatchError(ValueError):
@@ -47,7 +52,9 @@ def _pad(n: int) -> int:
 
 @dataclass
 class BufferData:
-    """In-memory content of a buffer file. m8 (N, D) int8, scales (N,) float32, names/hashes length N."""
+    """In-memory content of a buffer file. m8 (N, D) int8 rows in the stored basis, scales (N,) float32,
+    names/hashes length N; rotation (D, D) float32 (rows stored as R @ x) or None; coarse_dim: width of the
+    lead block (D when rotation is None)."""
 
     model_id: str
     dim: int
@@ -56,9 +63,16 @@ class BufferData:
     m8: np.ndarray
     scales: np.ndarray
     calibration: dict = field(default_factory=dict)
+    rotation: np.ndarray | None = None
+    coarse_dim: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.names)
+        if self.rotation is None:
+            self.coarse_dim = self.dim
+        elif self.rotation.shape != (self.dim, self.dim) or not 0 < self.coarse_dim < self.dim:
+            raise ValueError(f"rotation must be ({self.dim}, {self.dim}) with 0 < coarse_dim < {self.dim}, "
+                             f"got {self.rotation.shape} and {self.coarse_dim}")
         if self.m8.shape != (n, self.dim) or self.m8.dtype != np.int8:
             raise ValueError(f"m8 must be ({n}, {self.dim}) int8, got {self.m8.shape} {self.m8.dtype}")
         if self.scales.shape != (n,) or len(self.hashes) != n:
@@ -67,12 +81,12 @@ class BufferData:
             raise ValueError("tool names in a buffer must be unique")
 
 
-def _digest(header: dict, m8: bytes | memoryview, scales: bytes | memoryview) -> str:
-    """blake2b-128 over the header (without its checksum) and both sections: any flipped bit is caught."""
+def _digest(header: dict, *sections: bytes | memoryview) -> str:
+    """blake2b-128 over the header (without its checksum) and every section: any flipped bit is caught."""
     h = hashlib.blake2b(digest_size=16)
     h.update(json.dumps({k: v for k, v in header.items() if k != "checksum"}, sort_keys=True).encode())
-    h.update(m8)
-    h.update(scales)
+    for sec in sections:
+        h.update(sec)
     return h.hexdigest()
 
 
@@ -80,30 +94,33 @@ def write_buffer(path: str | Path, data: BufferData) -> Path:
     """Write `data` atomically (temp + fsync + rename) and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    n, d = len(data.names), data.dim
+    n, d, kc = len(data.names), data.dim, data.coarse_dim
     header = {
-        "version": FORMAT_VERSION, "model_id": data.model_id, "dim": d, "count": n,
+        "version": FORMAT_VERSION, "model_id": data.model_id, "dim": d, "count": n, "coarse_dim": kc,
         "names": data.names, "hashes": data.hashes, "calibration": data.calibration,
     }
+    rot = b"" if data.rotation is None else np.ascontiguousarray(data.rotation, "<f4").tobytes()
+    m8 = np.asarray(data.m8, np.int8)
+    sections = {"rotation_offset": rot, "lead_offset": np.ascontiguousarray(m8[:, :kc]).tobytes(),
+                "tail_offset": np.ascontiguousarray(m8[:, kc:]).tobytes(),
+                "scales_offset": np.ascontiguousarray(data.scales, "<f4").tobytes()}
     # Offsets depend on the header length, which depends on the offsets' digits: fix them in two passes.
-    header["m8_offset"] = header["scales_offset"] = 0
+    header.update(dict.fromkeys(sections, 0))
     header["checksum"] = "0" * 32  # placeholder of the final length
     for _ in range(2):
         blob = json.dumps(header, separators=(",", ":")).encode()
-        m8_off = _pad(len(MAGIC) + 2 + 8 + len(blob) + 32)
-        header["m8_offset"], header["scales_offset"] = m8_off, _pad(m8_off + n * d)
-    m8 = np.ascontiguousarray(data.m8, np.int8).tobytes()
-    scales = np.ascontiguousarray(data.scales, "<f4").tobytes()
-    header["checksum"] = _digest(header, m8, scales)  # fixed length: the offsets stay valid
+        off = _pad(len(MAGIC) + 2 + 8 + len(blob) + 64)
+        for key, sec in sections.items():
+            header[key], off = off, _pad(off + len(sec))
+    header["checksum"] = _digest(header, *sections.values())  # fixed length: the offsets stay valid
     blob = json.dumps(header, separators=(",", ":")).encode()
-    assert len(MAGIC) + 10 + len(blob) <= header["m8_offset"]
+    assert len(MAGIC) + 10 + len(blob) <= header["rotation_offset"]
 
     def _write(f) -> None:
         f.write(MAGIC + struct.pack("<HQ", FORMAT_VERSION, len(blob)) + blob)
-        f.seek(header["m8_offset"])
-        f.write(m8)
-        f.seek(header["scales_offset"])
-        f.write(scales)
+        for key, sec in sections.items():
+            f.seek(header[key])
+            f.write(sec)
 
     write_atomic(path, _write)
     return path
@@ -161,7 +178,8 @@ def _header_ok(h) -> bool:
 
 
 class SLBuffer:
-    """A buffer file opened read-only with numpy.memmap: `m8` (N, D) int8, `scales` (N,) float32, `names`."""
+    """A buffer file opened read-only with numpy.memmap: `index` (slb.index.ScanIndex over the memmapped
+    lead/tail blocks, with the rotation if any), `scales` (N,) float32, `names`."""
 
     def __init__(self, path: str | Path, model_id: str | None = None, dim: int | None = None):
         self.path = Path(path)
@@ -176,16 +194,21 @@ class SLBuffer:
             )
         if dim is not None and h["dim"] != dim:
             raise BufferMismatchError(f"{self.path} holds {h['dim']}-d rows but the embedder makes {dim}-d vectors: rebuild it with `nexus slb build`")
-        n, d = h["count"], h["dim"]
-        if n:
-            # plain ndarray views of the maps: Numba takes ndarray, not the memmap subclass
-            self.m8 = np.asarray(np.memmap(self.path, np.int8, "r", offset=h["m8_offset"], shape=(n, d)))
-            self.scales = np.asarray(np.memmap(self.path, "<f4", "r", offset=h["scales_offset"], shape=(n,)))
-        else:
-            self.m8, self.scales = np.zeros((0, d), np.int8), np.zeros(0, np.float32)
-        # Buffers written before checksums existed have none; every buffer written now is verified on open.
-        if "checksum" in h and _digest(h, self.m8.tobytes(), np.ascontiguousarray(self.scales, "<f4").tobytes()) != h["checksum"]:
+        n, d, kc = h["count"], h["dim"], h["coarse_dim"]
+
+        def _map(dtype, key, shape):  # plain ndarray views of the maps: Numba takes ndarray, not memmap
+            if not np.prod(shape):
+                return np.zeros(shape, dtype)
+            return np.asarray(np.memmap(self.path, dtype, "r", offset=h[key], shape=shape))
+
+        rot = _map("<f4", "rotation_offset", (d, d)) if kc < d else None
+        lead, tail = _map(np.int8, "lead_offset", (n, kc)), _map(np.int8, "tail_offset", (n, d - kc))
+        self.scales = _map("<f4", "scales_offset", (n,))
+        if _digest(h, b"" if rot is None else rot.tobytes(), lead.tobytes(), tail.tobytes(), self.scales.tobytes()) != h.get("checksum"):
             raise BufferMismatchError(f"{self.path}: checksum mismatch (corrupted buffer): delete it and run `nexus slb build`")
+        from slb.index import ScanIndex  # slb.index imports the Numba kernels: only when a buffer is opened
+
+        self.index = ScanIndex(lead, np.asarray(self.scales, np.float32), tail, rot)
         self.names: list[str] = h["names"]
         self.hashes: list[str] = h["hashes"]
 
@@ -200,7 +223,15 @@ class SLBuffer:
     def __len__(self) -> int:
         return len(self.names)
 
+    @property
+    def m8(self) -> np.ndarray:
+        """(N, D) int8 rows in the stored basis (rotated for two-stage buffers: scan them with `index`)."""
+        return self.index.rows()
+
     def data(self) -> BufferData:
         """A writable in-memory copy (for rebuilds and calibration updates)."""
+        ix = self.index
+        rot = None if ix.rotation is None else np.array(ix.rotation)
         return BufferData(self.model_id, self.header["dim"], list(self.names), list(self.hashes),
-                          np.array(self.m8), np.array(self.scales, np.float32), self.calibration)
+                          np.array(ix.rows()), np.array(self.scales, np.float32), self.calibration, rot,
+                          self.header["coarse_dim"])

@@ -35,33 +35,51 @@ def _damage(data: bytes, at: int, bit: int, cut: bool) -> bytes:
     return bytes(out)
 
 
-@FAST
-@given(at=st.integers(0, len(BLOCK) - 1), bit=st.integers(0, 7), cut=st.booleans())
-def test_damaged_block_is_always_refused(at, bit, cut):
-    with tempfile.TemporaryDirectory() as tmp:
-        p = Path(tmp) / "b.kvb"
-        p.write_bytes(_damage(BLOCK, at, bit, cut))
-        try:
-            _, kv = load_block(p, KEY)
-        except BlockError:
-            return
-        raise AssertionError(f"a block damaged at byte {at} (cut={cut}) was accepted")
+def test_damaged_block_is_always_refused(fault):
+    f = fault("any bit flip or cut in a KV block (hypothesis)", "splice.block", "BlockError, never another exception")
+    runs = []
+
+    @FAST
+    @given(at=st.integers(0, len(BLOCK) - 1), bit=st.integers(0, 7), cut=st.booleans())
+    def prop(at, bit, cut):
+        runs.append(cut)
+        with tempfile.TemporaryDirectory() as tmp:
+            p = Path(tmp) / "b.kvb"
+            p.write_bytes(_damage(BLOCK, at, bit, cut))
+            try:
+                load_block(p, KEY)
+            except BlockError:
+                return
+            raise AssertionError(f"a block damaged at byte {at} (cut={cut}) was accepted")
+
+    prop()
+    f.observe(f"{len(runs)} damaged copies ({sum(runs)} cuts) of a {len(BLOCK)}-byte block: all BlockError")
 
 
-@FAST
-@given(at=st.integers(0, len(BUFFER) - 1), bit=st.integers(0, 7), cut=st.booleans())
-def test_damaged_buffer_is_refused_or_identical(at, bit, cut):
-    good = SLBuffer.__new__(SLBuffer)
-    with tempfile.TemporaryDirectory() as tmp:
-        p = Path(tmp) / "b.slb"
-        p.write_bytes(BUFFER)
-        good = SLBuffer(p, model_id="m", dim=16)
-        ref = (np.array(good.m8), np.array(good.scales), list(good.names))
-        p.write_bytes(_damage(BUFFER, at, bit, cut))
-        try:
-            buf = SLBuffer(p, model_id="m", dim=16)
-        except BufferMismatchError:
-            return
-        # only a flip in alignment padding (outside header and sections) may pass, and it changes nothing
-        assert not cut
-        assert np.array_equal(buf.m8, ref[0]) and np.array_equal(buf.scales, ref[1]) and buf.names == ref[2]
+def test_damaged_buffer_is_refused_or_identical(fault):
+    f = fault("any bit flip or cut in an SLB buffer (hypothesis)", "slb.buffer",
+              "BufferMismatchError, or (a flip in alignment padding only) identical data")
+    runs, passed = [], []
+
+    @FAST
+    @given(at=st.integers(0, len(BUFFER) - 1), bit=st.integers(0, 7), cut=st.booleans())
+    def prop(at, bit, cut):
+        runs.append(cut)
+        with tempfile.TemporaryDirectory() as tmp:
+            p = Path(tmp) / "b.slb"
+            p.write_bytes(BUFFER)
+            good = SLBuffer(p, model_id="m", dim=16)
+            ref = (np.array(good.scales), list(good.names), good.header["checksum"])
+            p.write_bytes(_damage(BUFFER, at, bit, cut))
+            try:
+                buf = SLBuffer(p, model_id="m", dim=16)
+            except BufferMismatchError:
+                return
+            # only a flip in alignment padding (outside header and sections) may pass, and it changes nothing
+            assert not cut
+            assert np.array_equal(buf.scales, ref[0]) and buf.names == ref[1] and buf.header["checksum"] == ref[2]
+            passed.append(at)
+
+    prop()
+    f.observe(f"{len(runs)} damaged copies ({sum(runs)} cuts): {len(runs) - len(passed)} refused, {len(passed)} "
+              "padding-only flips read identical data")

@@ -95,3 +95,23 @@ def test_ten_megabyte_result_is_capped(fault):
 def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="max_result_chars"):
         ServerPoolConfig(max_result_chars=0)
+
+
+@pytest.mark.parametrize("mode", ["crash", "hang"])
+def test_registering_a_broken_server_writes_nothing(nexus_home, fault, mode):
+    from registry.client import ServerError
+    from registry.sources import register_server
+    from registry.store import RegistryStore
+
+    f = fault(f"server {'exits' if mode == 'crash' else 'hangs'} at start during `nexus register`", "registry.sources",
+              "ServerError naming the command (with its stderr); registry unchanged")
+    cmd = f"{CMD} --crash-at-start" if mode == "crash" else f"{sys.executable} -c 'import time; time.sleep(60)'"
+    with RegistryStore() as store:
+        register_server(f"{CMD}", store, timeout_s=20)
+        before = [t.name for t in store.list_tools()]
+        with pytest.raises(ServerError) as e:
+            register_server(cmd, store, timeout_s=2, name="broken")
+        assert "failed to start" in str(e.value)
+        assert mode == "hang" or "crashing at start on purpose" in str(e.value)
+        assert [t.name for t in store.list_tools()] == before and [s.name for s in store.list_servers()] == ["faulty"]
+    f.observe(f"ServerError: {str(e.value).splitlines()[0][-60:]}; registry unchanged", lost=0)

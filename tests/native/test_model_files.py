@@ -56,24 +56,14 @@ def test_hf_directory_matches_gguf(mlx_backend, tmp_path):
 
     This checks both loaders and the rotary convention: GGUF's interleaved pairs vs HF's half-split halves.
     """
-    from native.mlx_weights import _gguf_name
+    from native.mlx_weights import _dequantize_all, _gguf_name
 
     info = mlx_backend.info
     raw = mx.load(default_model_path())
-    weights = {}
-    for k in raw:
-        if k.endswith((".scales", ".biases")):
-            continue
-        w = raw[k]
-        stem = k[: -len(".weight")]
-        if f"{stem}.scales" in raw:
-            w = mx.dequantize(w, raw[f"{stem}.scales"], raw[f"{stem}.biases"], group_size=32, bits=4)
-        w = np.array(w.astype(mx.float32))
-        if k.endswith("attn_q.weight"):
-            w = _unpermute(w, info.n_heads)
-        elif k.endswith("attn_k.weight"):
-            w = _unpermute(w, info.n_kv_heads)
-        weights[_gguf_name(k)] = mx.array(w)
+    weights = _dequantize_all({_gguf_name(k): v for k, v in raw.items()}, mlx_backend.model.args)
+    for name, n_heads in (("q_proj", info.n_heads), ("k_proj", info.n_kv_heads)):
+        for k in [k for k in weights if k.endswith(f"self_attn.{name}.weight")]:
+            weights[k] = mx.array(_unpermute(np.array(weights[k]), n_heads))
     mx.save_safetensors(str(tmp_path / "model.safetensors"), weights)
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "llama", "hidden_size": info.d_model, "num_hidden_layers": info.n_layers,

@@ -22,11 +22,11 @@ ORDER = ("backends", "scan", "routing", "splice", "eviction", "agent")
 
 # name -> arguments for `nexus eval NAME`; the report states them.
 PLANS: dict[str, list[str]] = {
-    "backends": ["--lengths", "256,1024", "--decode-tokens", "32", "--repeats", "2",
+    "backends": ["--lengths", "256,1024,4096", "--decode-tokens", "32", "--repeats", "2",
                  "--backends", "llamacpp,mlx,llamacpp-highlevel"],
     "scan": ["--sizes", "250,1000,10000,100000", "--repeats", "100"],
     "routing": ["--sizes", "10,50,100,250", "--max-queries", "200", "--train-steps", "150"],
-    "splice": ["--backend", "llamacpp,mlx", "--depths", "0,256,1024,2048", "--n-tools", "2"],
+    "splice": ["--backend", "llamacpp,mlx", "--depths", "0,64,256,512,1024,2048", "--n-tools", "2", "--calibrate"],
     "eviction": ["--quick"],
     "agent": ["--quick", "--sizes", "10,250"],
 }

@@ -3,7 +3,8 @@
 For each backend, depth and eval tool: KL(one-shot text prefill || variant) and top-1 agreement over the 8
 teacher-forced positions after the user turn, TTFT (segment + user turn) and the share of block tokens decoded
 as text, averaged over tools. `text` prefills the same segment in separate batches (the backend's noise
-floor). `suffix` (the reference design: re-decode the last 25%) is reported too. Eval tools are sampled
+floor). `suffix` (the reference design: re-decode the last 25%) and `blend` (CacheBlend-style: recompute the
+15% of block tokens whose layer-1 K/V deviate most, on backends with `can_recompute_kv`) are reported too. Eval tools are sampled
 with a seed disjoint from calibration. `--calibrate` runs `nexus splice calibrate` first.
 """
 
@@ -12,7 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-VARIANTS = ("bare", "reanchored", "repaired", "suffix", "text")
+VARIANTS = ("bare", "reanchored", "repaired", "suffix", "blend", "text")
+BLEND_FRAC = 0.15  # CacheBlend recomputes ~15% of a chunk
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,6 +37,7 @@ def _plans(backend, profile, depth, n_tokens):
         "reanchored": RepairPlan("none", 0),
         "repaired": profile.plan_for(depth, n_tokens),
         "suffix": RepairPlan("suffix", n_tokens // 4),
+        "blend": RepairPlan("blend", 0, frac=BLEND_FRAC) if backend.capabilities.can_recompute_kv else None,
         "text": RepairPlan("text", n_tokens),
     }
 

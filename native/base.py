@@ -52,6 +52,7 @@ class Capabilities:
     can_bias_keys: bool = False  # additive per-key logit bias in attention (the Hajek offset)
     can_score_attention: bool = False  # exposes recent queries / attention for score-based eviction
     can_remove_positions: bool = False  # drop arbitrary cached positions (positional eviction)
+    can_recompute_kv: bool = False  # rewrite K/V of cached tokens at arbitrary positions (CacheBlend repair)
     text_only: bool = False  # no local Session or tokenizer: generate through the backend's text API (HTTP servers)
 
 

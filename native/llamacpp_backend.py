@@ -42,7 +42,9 @@ def default_threads() -> tuple[int, int]:
 
 class LlamaCppBackend:
     name = "llamacpp"
-    capabilities = Capabilities(can_splice=True, can_bias_keys=False, can_score_attention=False, can_remove_positions=True)
+    # no can_recompute_kv: a batch must start at the last position + 1, so cached cells cannot be rewritten in place
+    capabilities = Capabilities(can_splice=True, can_bias_keys=False, can_score_attention=False, can_remove_positions=True,
+                                can_recompute_kv=False)
 
     def __init__(self, model: str | None = None, n_threads: int | None = None, n_threads_batch: int | None = None):
         global _backend_ready

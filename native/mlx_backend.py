@@ -13,6 +13,7 @@ import mlx.core as mx
 
 from native.base import BackendError, Capabilities, KVRange, ModelInfo, as_token_list
 from native.mlx_cache import KVCache
+from native.mlx_recompute import recompute_slots, select_deviating
 from native.mlx_weights import load_model
 from native.model_files import resolve_model
 from native.tokenizer import tokenizer_from_dir, tokenizer_from_gguf
@@ -22,7 +23,8 @@ PREFILL_CHUNK = 512  # tokens per forward pass while prefilling: bounds the (T, 
 
 class MLXBackend:
     name = "mlx"
-    capabilities = Capabilities(can_splice=True, can_bias_keys=True, can_score_attention=True, can_remove_positions=True)
+    capabilities = Capabilities(can_splice=True, can_bias_keys=True, can_score_attention=True, can_remove_positions=True,
+                                can_recompute_kv=True)
 
     def __init__(self, model: str | None = None, quantized: bool | None = None):
         src = resolve_model(model)
@@ -110,6 +112,19 @@ class MLXSession:
         self.cache.insert(keys, mx.array(kv.values), positions)
         self.tokens += [int(t) for t in kv.tokens]
         self.n_past = int(positions[-1]) + 1
+
+    def recompute_kv(self, start: int, end: int, frac: float) -> np.ndarray:
+        """CacheBlend repair of the cached span [start, end) (a splice): recompute in place, through every layer,
+        the ceil(frac * T) tokens whose layer-1 K/V deviate most from a pass in context; returns their positions."""
+        if not 0 < frac <= 1:
+            raise BackendError(f"recompute_kv: frac must be in (0, 1], got {frac}")
+        slots = self.cache.slots_in(start, end)
+        if not len(slots):
+            raise BackendError(f"recompute_kv: no cached positions in [{start}, {end})")
+        model = self.backend.model
+        pick, h1, _ = select_deviating(model, self.cache, [self.tokens[s] for s in slots], slots, frac)
+        recompute_slots(model, self.cache, slots[pick], h1)
+        return self.cache.positions[slots[pick]].copy()
 
     def remove(self, start: int, end: int) -> None:
         pos = self.cache.positions

@@ -1,8 +1,10 @@
-"""`nexus splice calibrate`: measure head-repair fidelity per depth on a calibration set, write the profile.
+"""`nexus splice calibrate`: measure repair fidelity per depth on a calibration set, write the profile.
 
-For each depth, the smallest head (from `heads`) whose mean KL over the calibration tools is within
-max(target_kl, 3 x the backend's text noise floor) and whose top-1 agreement is within 0.02 of the text
-variant's becomes the curve entry. The first depth where no head passes ends the profile: from there on the
+Candidates are head repairs (from `heads`) and, on backends with `can_recompute_kv`, CacheBlend repairs (head
+h + `blend_pcts` % of the spliced tokens recomputed by K/V deviation), tried cheapest first by estimated cost in
+token-forward equivalents. For each depth the cheapest candidate whose mean KL over the calibration tools is
+within max(target_kl, 3 x the backend's text noise floor) and whose top-1 agreement is within 0.02 of the text
+variant's becomes the curve entry. The first depth where none passes ends the profile: from there on the
 splicer prefills text (fail closed).
 """
 
@@ -21,7 +23,9 @@ from splice.profile import RepairPlan, SpliceProfile
 @dataclass
 class CalibrationConfig:
     depths: tuple[int, ...] = (0, 64, 256, 512, 1024, 2048)
-    heads: tuple[int, ...] = (0, 16, 32, 64, 128)  # head tokens tried, cheapest first
+    heads: tuple[int, ...] = (0, 16, 32, 64, 96, 128, 192)  # head tokens tried
+    blend_pcts: tuple[int, ...] = (10, 20)  # % of spliced tokens recomputed (can_recompute_kv backends only)
+    blend_heads: tuple[int, ...] = (0, 16)  # heads combined with each blend percentage
     target_kl: float = 0.01  # nats; the bar is max(target_kl, 3 x text floor)
     top1_slack: float = 0.02
     seed: int = 0
@@ -33,6 +37,21 @@ class CalibrationConfig:
             raise ValueError(f"CalibrationConfig.heads must be ascending non-negative counts, got {self.heads}")
         if self.target_kl <= 0:
             raise ValueError("CalibrationConfig.target_kl must be > 0 nats")
+        if any(not 0 < p <= 100 for p in self.blend_pcts) or any(h < 0 for h in self.blend_heads):
+            raise ValueError(f"CalibrationConfig.blend_pcts must be in (0, 100] and blend_heads >= 0, got "
+                             f"{self.blend_pcts} / {self.blend_heads}")
+
+
+def candidates(config: CalibrationConfig, n_tokens: int, n_layers: int, can_blend: bool) -> list[tuple[str, RepairPlan, list[int]]]:
+    """(table key, plan, curve entry tail) cheapest first; cost in token-forward equivalents for a block of
+    `n_tokens`: head h costs h; blend adds one layer over the block (n_tokens / n_layers) plus the recomputed share."""
+    out = [(h, f"head{h}", RepairPlan("head", h) if h else RepairPlan("none", 0), [h]) for h in config.heads]
+    if can_blend:
+        for h in config.blend_heads:
+            for p in config.blend_pcts:
+                cost = h + n_tokens / n_layers + p / 100 * (n_tokens - h)
+                out.append((cost, f"blend{h}+{p}%", RepairPlan("blend", h, frac=p / 100), [h, p]))
+    return [(k, plan, tail) for _, k, plan, tail in sorted(out, key=lambda c: c[0])]
 
 
 def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None, log=print) -> SpliceProfile:
@@ -42,6 +61,8 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
         raise ValueError("calibration needs at least one tool")
     compile_blocks(backend, tools, CompileConfig(root=str(root) if root else None), progress=False)
     blocks = {t.name: load_block(block_path(backend, t, root), block_key(backend, t))[1] for t in tools}
+    n_tokens = int(np.mean([len(kv) for kv in blocks.values()]))
+    cands = candidates(config, n_tokens, backend.info.n_layers, backend.capabilities.can_recompute_kv)
     curve, table, max_depth = [], {}, -1
     for depth in sorted(config.depths):
         runners = [CaseRunner(backend, make_case(backend.tokenizer, t, depth, config.seed + i)) for i, t in enumerate(tools)]
@@ -51,13 +72,12 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
             bar_kl, bar_top1 = max(config.target_kl, 3 * text[0]), text[1] - config.top1_slack
             row = {"text": {"kl": float(text[0]), "top1": float(text[1])}}
             chosen = None
-            for h in config.heads:
-                plan = RepairPlan("head", h) if h else RepairPlan("none", 0)
+            for key, plan, tail in cands:
                 res = [kl_top1(ref, r.run(blocks[r.case.tool.name], plan)[0]) for ref, r in zip(refs, runners)]
                 kl, top1 = np.array(res).mean(0)
-                row[f"head{h}"] = {"kl": float(kl), "top1": float(top1)}
+                row[key] = {"kl": float(kl), "top1": float(top1)}
                 if kl <= bar_kl and top1 >= bar_top1:
-                    chosen = h
+                    chosen = (key, tail)
                     break
         finally:
             for r in runners:
@@ -65,10 +85,10 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
         table[str(depth)] = row
         log(f"depth {depth}: text kl={text[0]:.4f} top1={text[1]:.2f}; "
             + ", ".join(f"{k} kl={v['kl']:.4f} top1={v['top1']:.2f}" for k, v in row.items() if k != "text")
-            + f" -> {'head %d' % chosen if chosen is not None else 'text fallback'}")
+            + f" -> {chosen[0] if chosen is not None else 'text fallback'}")
         if chosen is None:
             break
-        curve.append([depth, chosen])
+        curve.append([depth, *chosen[1]])
         max_depth = depth
     return SpliceProfile(backend=backend.name, fingerprint=backend.info.fingerprint, target_kl=config.target_kl,
                          curve=curve or [[0, 0]], max_depth=max_depth, measured=table)

@@ -1,4 +1,4 @@
-"""The per-model splice profile: how many head tokens to re-decode at each depth, and where to stop splicing.
+"""The per-model splice profile: how much of a block to repair at each depth, and where to stop splicing.
 
 `nexus splice calibrate` measures fidelity on a calibration set and writes `profiles/<fp>.json`; the splicer
 reads it. The repair curve is a step function over calibrated depths: a splice at depth n uses the entry of the
@@ -14,29 +14,36 @@ from pathlib import Path
 from nexus_agent.atomic import write_atomic
 from nexus_agent.home import home_path
 
-REPAIR_MODES = ("none", "head", "suffix", "text")
+REPAIR_MODES = ("none", "head", "suffix", "blend", "text")
 
 
 @dataclass(frozen=True)
 class RepairPlan:
     """How one splice is done. `mode`: none (re-anchored block), head (decode the first `n` block tokens as
-    text, splice the rest), suffix (splice all but the last `n`, decode those), text (prefill all of it).
+    text, splice the rest), suffix (splice all but the last `n`, decode those), blend (head `n`, then recompute
+    in place the share `frac` of the spliced tokens whose layer-1 K/V deviate most from a fresh pass in context,
+    CacheBlend-style; needs `capabilities.can_recompute_kv`, else it runs as head `n`), text (prefill all of it).
     `rotate=False` skips the RoPE re-anchor (the measured "bare" baseline; MLX only)."""
 
     mode: str = "head"
     n: int = 16
     rotate: bool = True
+    frac: float = 0.0  # blend only: share of the spliced (non-head) tokens recomputed, 0..1
 
     def __post_init__(self):
         if self.mode not in REPAIR_MODES:
             raise ValueError(f"RepairPlan.mode must be one of {REPAIR_MODES}, got {self.mode!r}")
         if self.n < 0:
             raise ValueError(f"RepairPlan.n must be >= 0 tokens, got {self.n}")
+        if not 0.0 <= self.frac <= 1.0 or (self.mode == "blend") != (self.frac > 0):
+            raise ValueError(f"RepairPlan.frac must be in (0, 1] for blend and 0 otherwise, got {self.mode} {self.frac}")
 
 
 @dataclass
 class SpliceProfile:
-    """Calibrated repair curve for one (backend, model). `curve` is [[depth, head_tokens], ...] sorted by depth."""
+    """Calibrated repair curve for one (backend, model). `curve` is [[depth, head_tokens], ...] or
+    [[depth, head_tokens, blend_pct], ...] sorted by depth; blend_pct > 0 recomputes that percentage of the
+    spliced tokens by K/V deviation after the head (RepairPlan "blend")."""
 
     backend: str
     fingerprint: str
@@ -46,9 +53,9 @@ class SpliceProfile:
     measured: dict = field(default_factory=dict)  # the calibration table the curve came from
 
     def __post_init__(self):
-        self.curve = sorted([int(d), int(n)] for d, n in self.curve)
-        if any(n < 0 for _, n in self.curve):
-            raise ValueError("SpliceProfile.curve head counts must be >= 0")
+        self.curve = sorted([int(e[0]), int(e[1])] + ([int(e[2])] if len(e) > 2 and int(e[2]) else []) for e in self.curve)
+        if any(e[1] < 0 or not 0 <= (e[2] if len(e) > 2 else 0) <= 100 for e in self.curve):
+            raise ValueError("SpliceProfile.curve head counts must be >= 0 and blend percentages 0..100")
         if self.target_kl <= 0:
             raise ValueError(f"SpliceProfile.target_kl must be > 0 nats, got {self.target_kl}")
 
@@ -56,9 +63,13 @@ class SpliceProfile:
         """The repair for a splice at `depth` tokens after the system prompt of a block of `n_tokens`."""
         if depth > self.max_depth:
             return RepairPlan("text", n_tokens)
-        for d, n in self.curve:
+        for d, n, *pct in self.curve:
             if depth <= d:
-                return RepairPlan("text", n_tokens) if n >= n_tokens else RepairPlan("head", n) if n else RepairPlan("none", 0)
+                if n >= n_tokens:
+                    return RepairPlan("text", n_tokens)
+                if pct:
+                    return RepairPlan("blend", n, frac=pct[0] / 100)
+                return RepairPlan("head", n) if n else RepairPlan("none", 0)
         return RepairPlan("text", n_tokens)
 
     def save(self) -> Path:

@@ -42,6 +42,8 @@ def apply_plan(session, kv: KVRange, plan: RepairPlan) -> int:
 
     head n: decode kv.tokens[:n] as text, then import kv[n:] re-anchored right after them (a batch must start at
     the last position + 1, so the head goes first). suffix n: import kv[:T-n], then decode the last n tokens.
+    blend n, frac: head n, then `session.recompute_kv` rewrites the most-deviating frac of the spliced tokens in
+    place (CacheBlend); a session without that hook (llama.cpp) runs the plan as head n.
     """
     T = len(kv)
     tokens = [int(t) for t in kv.tokens]
@@ -50,6 +52,13 @@ def apply_plan(session, kv: KVRange, plan: RepairPlan) -> int:
         session.prefill(tokens)
         return T
     kwargs = {} if plan.rotate else {"rotate": False}
+    if plan.mode == "blend":
+        if n:
+            session.prefill(tokens[:n])
+        start = session.n_past
+        session.import_kv(kv, span=(n, T), **kwargs) if n else session.import_kv(kv, **kwargs)
+        recompute = getattr(session, "recompute_kv", None)
+        return n + (len(recompute(start, session.n_past, plan.frac)) if recompute else 0)
     if plan.mode == "head" and n:
         session.prefill(tokens[:n])
         session.import_kv(kv, span=(n, T), **kwargs)

@@ -110,3 +110,41 @@ def test_profile_plans_grow_with_depth_and_fail_closed():
     assert p.plan_for(1000, 50).mode == "text"  # repairing the whole block is a text prefill
     with pytest.raises(ValueError):
         RepairPlan("tail", 3)
+
+
+def test_blend_recomputes_the_most_deviating_tokens_in_place(mlx_backend):
+    """CacheBlend repair on MLX: recomputing every spliced token reproduces the text prefill (slow reference);
+    recomputing 15% picks ceil(0.15 T) positions inside the block and beats the plain re-anchored splice."""
+    kv = _block(mlx_backend)
+    r = CaseRunner(mlx_backend, make_case(mlx_backend.tokenizer, TOOL, 64))
+    ref = r.reference()
+    got = {n: kl_top1(ref, r.run(kv, p)[0]) for n, p in {
+        "reanchored": RepairPlan("none", 0), "blend15": RepairPlan("blend", 0, frac=0.15),
+        "blend100": RepairPlan("blend", 0, frac=1.0)}.items()}
+    start = r.session.n_past
+    r.session.import_kv(kv)
+    picked = r.session.recompute_kv(start, r.session.n_past, 0.15)
+    r.close()
+    assert len(picked) == int(np.ceil(0.15 * len(kv))) and start <= picked.min() and picked.max() < start + len(kv)
+    assert got["blend100"][0] < 1e-3 and got["blend100"][1] == 1.0
+    assert got["blend15"][0] < got["reanchored"][0]
+
+
+def test_blend_runs_as_head_repair_without_recompute(llamacpp_backend):
+    """llama.cpp cannot rewrite cached cells: a blend plan there re-decodes only its head (capability says so)."""
+    assert not llamacpp_backend.capabilities.can_recompute_kv
+    kv = _block(llamacpp_backend)
+    r = CaseRunner(llamacpp_backend, make_case(llamacpp_backend.tokenizer, TOOL, 64))
+    _, _, redecoded = r.run(kv, RepairPlan("blend", 16, frac=0.2))
+    r.close()
+    assert redecoded == 16
+
+
+def test_profile_curve_with_blend_entries():
+    p = SpliceProfile("mlx", "fp", curve=[[0, 0], [256, 0, 15], [1024, 16, 20]], max_depth=1024)
+    assert p.plan_for(100, 200) == RepairPlan("blend", 0, frac=0.15)
+    assert p.plan_for(1024, 200) == RepairPlan("blend", 16, frac=0.2)
+    with pytest.raises(ValueError):
+        RepairPlan("blend", 0)  # blend needs a share to recompute
+    with pytest.raises(ValueError):
+        SpliceProfile("mlx", "fp", curve=[[0, 0, 150]])

@@ -18,6 +18,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+PUBLIC_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "routing"  # ../shared beside the repo
 ORDER = ("backends", "scan", "routing", "splice", "eviction", "agent")
 
 # name -> arguments for `nexus eval NAME`; the report states them.
@@ -25,7 +26,8 @@ PLANS: dict[str, list[str]] = {
     "backends": ["--lengths", "256,1024,4096", "--decode-tokens", "32", "--repeats", "2",
                  "--backends", "llamacpp,mlx,llamacpp-highlevel"],
     "scan": ["--sizes", "250,1000,10000,100000", "--repeats", "100"],
-    "routing": ["--sizes", "10,50,100,250", "--max-queries", "200", "--train-steps", "150"],
+    "routing": ["--sizes", "10,50,100,250", "--max-queries", "200", "--train-steps", "150",
+                "--irrelevant", str(PUBLIC_DATA / "queries_irrelevant.jsonl")],
     "splice": ["--backend", "llamacpp,mlx", "--depths", "0,64,256,512,1024,2048", "--n-tools", "2", "--calibrate"],
     "eviction": ["--quick"],
     "agent": ["--quick", "--sizes", "10,250"],
@@ -123,10 +125,14 @@ def table_scan(r: dict) -> str:
 
 
 def table_routing(r: dict) -> str:
+    def none_precision(s):  # null when the eval ran without --irrelevant
+        v = s.get("none_precision")
+        return "—" if v is None or v != v else _pct(v)
+
     return _table(["tools", "top-1 float32", "top-1 INT8", "top-1 routed", "auto-routed", "auto precision",
-                   "route p50 (ms)"],
+                   "irrelevant → none", "route p50 (ms)"],
                   [[n, _pct(s["top1_embed"]), _pct(s["top1_int8"]), _pct(s["top1_routed"]), _pct(s["auto_rate"]),
-                    _pct(s["auto_precision"]), s["route_ms_p50"]]
+                    _pct(s["auto_precision"]), none_precision(s), s["route_ms_p50"]]
                    for n, s in sorted(r["sizes"].items(), key=lambda kv: int(kv[0]))])
 
 
@@ -200,9 +206,12 @@ def write_report(out: Path) -> Path:
         r = json.loads(path.read_text())
         title, blurb, table = SECTIONS[name]
         meta = r.get("report_meta") or {}
-        parts += [f"## {title}", "", blurb, "",
-                  f"`nexus eval {name} {' '.join(meta.get('args', []))}` — {meta.get('wall_s', '?')} s, "
-                  f"finished {meta.get('finished', '?')}.", ""]
+        if meta:
+            ran = (f"`nexus eval {name} {' '.join(meta.get('args', []))}` — {meta.get('wall_s', '?')} s, "
+                   f"finished {meta.get('finished', '?')}.")
+        else:  # NAME.json written by `nexus eval NAME --json` directly: no timing was recorded
+            ran = f"Run directly as `nexus eval {name} {' '.join(PLANS[name])}` (wall time not recorded)."
+        parts += [f"## {title}", "", blurb, "", ran, ""]
         try:
             parts += [table(r), ""]
         except (KeyError, TypeError, ValueError) as e:

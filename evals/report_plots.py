@@ -124,8 +124,10 @@ def eviction(r: dict, out: Path) -> str | None:
     plt = _plt()
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.5))
     xs = [float(x) * 100 for x in budgets]
-    for name in r["budgets"][budgets[0]]:
-        a.plot(xs, [r["budgets"][x][name]["median_rel_err"] for x in budgets], marker="o", label=name)
+    cmap = plt.get_cmap("tab20")  # more policies than the default 10-colour cycle: keep every line distinct
+    for i, name in enumerate(r["budgets"][budgets[0]]):
+        a.plot(xs, [r["budgets"][x][name]["median_rel_err"] for x in budgets], marker="os^Dv"[i % 5],
+               color=cmap(i % 20), linestyle=("-", "--")[i // 10 % 2], label=name)
     a.set(yscale="log", xlabel="KV budget (% of prompt tokens, log scale)",
           ylabel="median relative attention-output error (log)", title="Attention error vs budget (32-token blocks)")
     for key, label in (("certificate", "block level (32)"), ("certificate_token_level", "token level")):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from slb.scan import _BLOCK, _quantize_into, _topk_insert
+from slb.scan import _BLOCK, _dot_block, _quantize_into, _topk_insert
 
 COARSE_DIM = 64  # lead-block width: 64 of 384 int8 coordinates = 1/6 of the bytes read in stage 1
 SHORTLIST = 256  # rows rescored exactly in stage 2
@@ -84,17 +84,6 @@ def _heap_push(hs, hi, n, s, r):
 
 
 @njit(cache=True, nogil=True, fastmath=True, boundscheck=False)
-def _coarse_block(lead, q16, r0, r1, acc):
-    # acc[: r1 - r0] = lead[r0:r1] @ q16[:kc] (int32), lead (N, kc) int8
-    kc = lead.shape[1]
-    for r in range(r0, r1):
-        a = np.int32(0)
-        for c in range(kc):
-            a += np.int32(np.int16(lead[r, c]) * q16[c])
-        acc[r - r0] = a
-
-
-@njit(cache=True, nogil=True, fastmath=True, boundscheck=False)
 def _rescore(lead, tail, q16, ids, h, acc):
     # acc[j] = lead[ids[j]] . q16[:kc] + tail[ids[j]] . q16[kc:] (int32) for j < h; kept apart from the
     # float top-k so that both dot products vectorize
@@ -124,7 +113,7 @@ def _two_stage_into(rot, lead, tail, scales, q, y, q16, acc, hs, hi, top_s, top_
     h = 0
     for b0 in range(0, n, _BLOCK):  # stage 1: coarse scores, min-heap of the `short` best
         b1 = min(n, b0 + _BLOCK)
-        _coarse_block(lead, q16, b0, b1, acc)
+        _dot_block(lead, q16, b0, b1, acc)  # lead (N, kc): only q16[:kc] is read
         for r in range(b0, b1):
             s = np.float32(acc[r - b0]) * scales[r]
             if h < short:

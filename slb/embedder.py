@@ -82,6 +82,7 @@ class Embedder:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
             from sentence_transformers import SentenceTransformer
 
+            quiet_model_loading()
             self._model = SentenceTransformer(str(self._path), device="cpu")
         return self._model
 
@@ -128,3 +129,12 @@ def text_fingerprint(texts: list[str]) -> str:
         h.update(t.encode())
         h.update(b"\0")
     return h.hexdigest()[:16]
+
+
+def quiet_model_loading() -> None:
+    """Silence transformers' per-load "Loading weights" bar and load report: a local model loads in
+    milliseconds, and the bar clutters every `nexus route` / `nexus run`. Our own progress bars are unaffected."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()

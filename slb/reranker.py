@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from nexus_agent.atomic import write_atomic
-from slb.embedder import Embedder, packaged_minilm_path, text_fingerprint
+from slb.embedder import Embedder, packaged_minilm_path, quiet_model_loading, text_fingerprint
 from slb.scan import scan_batch
 from slb.buffer import quantize_rows
 from slb.synth import synthesize_queries
@@ -92,6 +92,8 @@ def train_reranker(
     """
     import torch
     from sentence_transformers import CrossEncoder
+
+    quiet_model_loading()
     from tqdm.auto import tqdm
 
     from slb.tools import as_entry
@@ -167,6 +169,7 @@ class Reranker:
             torch.set_num_threads(threads)
         self.path = path
         self.meta = reranker_meta(path)
+        quiet_model_loading()
         self.model = CrossEncoder(str(path), max_length=max_length, device="cpu")
 
     def score(self, query: str, texts: list[str]) -> np.ndarray:

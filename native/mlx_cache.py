@@ -62,15 +62,14 @@ class LayerKV:
         idx = mx.array(slots.astype(np.int32))
         k = mx.take(self.keys[..., : self.length, :], idx, axis=2)
         v = mx.take(self.values[..., : self.length, :], idx, axis=2)
-        self.positions = self.positions[slots]
-        self.bias = None if self.bias is None else self.bias[:, slots]
-        self.keys = self.values = None
-        self.length = 0
-        positions, bias = self.positions, self.bias
-        self.positions, self.bias = np.zeros(0, dtype=np.int64), None
+        positions = self.positions[slots]
+        bias = None if self.bias is None else self.bias[:, slots]
+        # Start from empty storage so the capacity is sized to what is kept: memory really shrinks.
+        self.keys = self.values = self.bias = None
+        self.length, self.positions = 0, np.zeros(0, dtype=np.int64)
         if len(slots):
             self.append(k, v, positions, bias)
-        mx.eval(self.keys, self.values) if self.keys is not None else None
+            mx.eval(self.keys, self.values)
 
     def view(self) -> tuple[mx.array, mx.array]:
         return self.keys[..., : self.length, :], self.values[..., : self.length, :]

@@ -40,3 +40,22 @@ def llamacpp_backend():
 @pytest.fixture(scope="session", params=["mlx", "llamacpp"])
 def backend(request):
     return request.getfixturevalue(f"{request.param}_backend")
+
+
+PROBE_SERVER = os.path.join(os.path.dirname(__file__), "agent", "probe_server.py")
+
+
+@pytest.fixture
+def probe_store(nexus_home):
+    """The probe MCP server (a real stdio subprocess that records every call under NEXUS_HOME), registered in a
+    fresh store of the per-test home; shared by the agent and OpenAI-backend tests."""
+    from registry.client import list_server_tools
+    from registry.store import RegistryStore
+
+    cmd = f"{sys.executable} {PROBE_SERVER}"
+    store = RegistryStore()
+    name, tools = list_server_tools(cmd)
+    store.upsert_server(name, cmd)
+    store.add_tools(tools, server=name)
+    yield store
+    store.close()

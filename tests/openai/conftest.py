@@ -70,18 +70,3 @@ def openai_backend(openai_server):
     b = load_backend("openai", base_url=openai_server)
     yield b
     b.close()
-
-
-@pytest.fixture
-def probe_store(nexus_home):
-    """The agent tests' probe MCP server (records every call under NEXUS_HOME), registered in a fresh store."""
-    from registry.client import list_server_tools
-    from registry.store import RegistryStore
-
-    cmd = f"{sys.executable} {PROBE}"
-    store = RegistryStore()
-    name, tools = list_server_tools(cmd)
-    store.upsert_server(name, cmd)
-    store.add_tools(tools, server=name)
-    yield store
-    store.close()

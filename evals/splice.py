@@ -4,8 +4,9 @@ For each backend, depth and eval tool: KL(one-shot text prefill || variant) and 
 teacher-forced positions after the user turn, TTFT (segment + user turn) and the share of block tokens decoded
 as text, averaged over tools. `text` prefills the same segment in separate batches (the backend's noise
 floor). `suffix` (the reference design: re-decode the last 25%) and `blend` (CacheBlend-style: recompute the
-15% of block tokens whose layer-1 K/V deviate most, on backends with `can_recompute_kv`) are reported too. Eval tools are sampled
-with a seed disjoint from calibration. `--calibrate` runs `nexus splice calibrate` first.
+15% of block tokens whose layer-1 K/V deviate most, on backends with `can_recompute_kv`) are reported too. `top1_decisive` is the top-1
+agreement on the positions where the reference's top-1 leads by >= 0.5 logit (a flip at a near-tie says little).
+Eval tools are sampled with a seed disjoint from calibration. `--calibrate` runs `nexus splice calibrate` first.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 from pathlib import Path
 
 VARIANTS = ("bare", "reanchored", "repaired", "suffix", "blend", "text")
+DECISIVE = 0.5  # logits: positions where the reference's top-1 leads its top-2 by at least this much
 BLEND_FRAC = 0.15  # CacheBlend recomputes ~15% of a chunk
 
 
@@ -23,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="llamacpp,mlx", help="comma-separated: llamacpp, mlx")
     p.add_argument("--depths", default="0,64,256,512,1024,2048")
     p.add_argument("--tool-file", default=str(DEFAULT_CATALOG))
-    p.add_argument("--n-tools", type=int, default=2)
+    p.add_argument("--n-tools", type=int, default=8, help="eval tools (8 x 8 positions: one flip = 0.016 of top-1)")
+    p.add_argument("--calib-tools", type=int, default=4, help="calibration tools (with --calibrate)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calibrate", action="store_true", help="calibrate the profile first (else use the saved one)")
     p.add_argument("--plot", default=None, help="write a PNG of KL and speedup vs depth")
@@ -56,34 +59,41 @@ def run_backend(name: str, args) -> dict:
     backend = load_backend(name)
     depths = [int(d) for d in args.depths.split(",")]
     if args.calibrate:
-        cal = calibration_tools(backend, args.tool_file, args.n_tools, args.seed)
+        cal = calibration_tools(backend, args.tool_file, args.calib_tools, args.seed)
         calibrate(backend, cal, CalibrationConfig(depths=tuple(depths), seed=args.seed)).save()
     profile = load_profile(backend)
     tools = sample_tools(args.tool_file, backend.tokenizer, args.n_tools, seed=args.seed)
     compile_blocks(backend, tools, progress=False)
-    out = {"profile": {"curve": profile.curve, "max_depth": profile.max_depth, "calibrated": bool(profile.measured)},
+    out = {"profile": {"curve": profile.curve, "max_depth": profile.max_depth, "calibrated": bool(profile.measured),
+                       "calibration_tools": args.calib_tools if args.calibrate else None},
            "tools": [t.name for t in tools], "depths": {}}
     for depth in depths:
         acc = {v: [] for v in VARIANTS}
         for i, tool in enumerate(tools):
             _, kv = load_block(block_path(backend, tool), block_key(backend, tool))
+            n_tokens = len(kv)
             runner = CaseRunner(backend, make_case(backend.tokenizer, tool, depth, seed=args.seed + i))
             try:
                 ref = runner.reference()
-                for v, plan in _plans(backend, profile, depth, len(kv)).items():
+                top2 = np.sort(ref, axis=1)[:, -2:]
+                decisive = top2[:, 1] - top2[:, 0] >= DECISIVE
+                for v, plan in _plans(backend, profile, depth, n_tokens).items():
                     if plan is None:
                         continue
                     logits, ms, red = runner.run(kv, plan)
-                    acc[v].append((*kl_top1(ref, logits), ms, red / len(kv)))
+                    agree = ref.argmax(1) == logits.argmax(1)
+                    acc[v].append((*kl_top1(ref, logits), ms, red / n_tokens, agree[decisive].sum(), decisive.sum()))
             finally:
                 runner.close()
         row = {}
         for v, vals in acc.items():
             if not vals:
-                row[v] = {"kl": None, "top1": None, "ttft_ms": None, "redecode_frac": None}
+                row[v] = {"kl": None, "top1": None, "ttft_ms": None, "redecode_frac": None, "top1_decisive": None}
                 continue
-            kl, top1, ms, frac = np.array(vals).mean(0)
-            row[v] = {"kl": float(kl), "top1": float(top1), "ttft_ms": float(ms), "redecode_frac": float(frac)}
+            a = np.array(vals, dtype=np.float64)
+            kl, top1, ms, frac = a[:, :4].mean(0)
+            row[v] = {"kl": float(kl), "top1": float(top1), "ttft_ms": float(ms), "redecode_frac": float(frac),
+                      "top1_decisive": float(a[:, 4].sum() / max(1.0, a[:, 5].sum())), "decisive_positions": int(a[:, 5].sum())}
         row["repaired"]["speedup"] = row["text"]["ttft_ms"] / row["repaired"]["ttft_ms"]
         out["depths"][str(depth)] = row
         print(f"{name:8s} depth {depth:5d}  " + "  ".join(
@@ -119,7 +129,8 @@ def plot(result: dict, path: str) -> None:
 
 
 def run(args) -> dict:
-    result = {"backends": {}, "config": {"depths": args.depths, "n_tools": args.n_tools, "seed": args.seed}}
+    result = {"backends": {}, "config": {"depths": args.depths, "n_tools": args.n_tools, "calib_tools": args.calib_tools,
+                                         "seed": args.seed}}
     for name in args.backend.split(","):
         result["backends"][name] = run_backend(name, args)
     if args.plot:

@@ -3,9 +3,10 @@
 Candidates are head repairs (from `heads`) and, on backends with `can_recompute_kv`, CacheBlend repairs (head
 h + `blend_pcts` % of the spliced tokens recomputed by K/V deviation), tried cheapest first by estimated cost in
 token-forward equivalents. For each depth the cheapest candidate whose mean KL over the calibration tools is
-within max(target_kl, 3 x the backend's text noise floor) and whose top-1 agreement is within 0.02 of the text
-variant's becomes the curve entry. The first depth where none passes ends the profile: from there on the
-splicer prefills text (fail closed).
+within `kl_margin` x max(target_kl, 3 x the backend's text noise floor) (headroom for tools not calibrated on)
+and whose top-1 agreement is within 0.02 of the text variant's becomes the curve entry, provided it is also
+faster than the text prefill it replaces (the timing gate). The first depth where none passes ends the profile:
+from there on the splicer prefills text (fail closed).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class CalibrationConfig:
     blend_heads: tuple[int, ...] = (0, 16)  # heads combined with each blend percentage
     target_kl: float = 0.01  # nats; the bar is max(target_kl, 3 x text floor)
     top1_slack: float = 0.02
+    kl_margin: float = 0.85  # the chosen plan's calibration KL must stay below this share of the bar
     seed: int = 0
 
     def __post_init__(self):
@@ -37,6 +39,8 @@ class CalibrationConfig:
             raise ValueError(f"CalibrationConfig.heads must be ascending non-negative counts, got {self.heads}")
         if self.target_kl <= 0:
             raise ValueError("CalibrationConfig.target_kl must be > 0 nats")
+        if not 0 < self.kl_margin <= 1:
+            raise ValueError(f"CalibrationConfig.kl_margin must be in (0, 1], got {self.kl_margin}")
         if any(not 0 < p <= 100 for p in self.blend_pcts) or any(h < 0 for h in self.blend_heads):
             raise ValueError(f"CalibrationConfig.blend_pcts must be in (0, 100] and blend_heads >= 0, got "
                              f"{self.blend_pcts} / {self.blend_heads}")
@@ -54,6 +58,12 @@ def candidates(config: CalibrationConfig, n_tokens: int, n_layers: int, can_blen
     return [(k, plan, tail) for _, k, plan, tail in sorted(out, key=lambda c: c[0])]
 
 
+def _measure(ref, runner, kv, plan) -> tuple[float, float, float]:
+    """(KL, top-1, TTFT ms) of one variant of one calibration case."""
+    logits, ms, _ = runner.run(kv, plan)
+    return (*kl_top1(ref, logits), ms)
+
+
 def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None, log=print) -> SpliceProfile:
     """Measure, pick the repair curve, and return the profile (the caller saves it)."""
     config = config or CalibrationConfig()
@@ -68,23 +78,26 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
         runners = [CaseRunner(backend, make_case(backend.tokenizer, t, depth, config.seed + i)) for i, t in enumerate(tools)]
         try:
             refs = [r.reference() for r in runners]
-            text = np.array([kl_top1(ref, r.run(None, RepairPlan("text"))[0]) for ref, r in zip(refs, runners)]).mean(0)
-            bar_kl, bar_top1 = max(config.target_kl, 3 * text[0]), text[1] - config.top1_slack
-            row = {"text": {"kl": float(text[0]), "top1": float(text[1])}}
+            text = np.array([_measure(ref, r, None, RepairPlan("text")) for ref, r in zip(refs, runners)]).mean(0)
+            bar_kl, bar_top1 = config.kl_margin * max(config.target_kl, 3 * text[0]), text[1] - config.top1_slack
+            row = {"text": {"kl": float(text[0]), "top1": float(text[1]), "ttft_ms": float(text[2])}}
             chosen = None
             for key, plan, tail in cands:
-                res = [kl_top1(ref, r.run(blocks[r.case.tool.name], plan)[0]) for ref, r in zip(refs, runners)]
-                kl, top1 = np.array(res).mean(0)
-                row[key] = {"kl": float(kl), "top1": float(top1)}
+                res = [_measure(ref, r, blocks[r.case.tool.name], plan) for ref, r in zip(refs, runners)]
+                kl, top1, ms = np.array(res).mean(0)
+                row[key] = {"kl": float(kl), "top1": float(top1), "ttft_ms": float(ms)}
                 if kl <= bar_kl and top1 >= bar_top1:
-                    chosen = (key, tail)
+                    if ms < text[2]:  # timing gate: a splice slower than the text prefill is not worth it
+                        chosen = (key, tail)
+                    else:
+                        row["timing_gate"] = f"{key} {ms:.0f} ms >= text {text[2]:.0f} ms"
                     break
         finally:
             for r in runners:
                 r.close()
         table[str(depth)] = row
         log(f"depth {depth}: text kl={text[0]:.4f} top1={text[1]:.2f}; "
-            + ", ".join(f"{k} kl={v['kl']:.4f} top1={v['top1']:.2f}" for k, v in row.items() if k != "text")
+            + ", ".join(f"{k} kl={v['kl']:.4f} top1={v['top1']:.2f}" for k, v in row.items() if k != "text" and isinstance(v, dict))
             + f" -> {chosen[0] if chosen is not None else 'text fallback'}")
         if chosen is None:
             break

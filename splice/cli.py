@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--backend", default="llamacpp", choices=["llamacpp", "mlx"])
     c.add_argument("--model", default=None)
     c.add_argument("--tool-file", default=str(DEFAULT_CATALOG), help="JSON/JSONL tools to calibrate on")
-    c.add_argument("--n-tools", type=int, default=2)
+    c.add_argument("--n-tools", type=int, default=4, help="calibration tools (more: a safer profile, slower)")
     c.add_argument("--depths", default="0,64,256,512,1024,2048")
     c.add_argument("--heads", default="0,16,32,64,96,128,192")
     c.add_argument("--seed", type=int, default=0)

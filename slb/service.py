@@ -12,7 +12,7 @@ from slb.buffer import SLBuffer, write_buffer
 from slb.build import BuildReport, build_buffer
 from slb.embedder import Embedder, EmbedderConfig
 from slb.gate import GateConfig, gate_stats, pick_floor, pick_tau
-from slb.reranker import Reranker, RerankerTrainConfig, registry_fingerprint, reranker_meta, train_reranker
+from slb.reranker import Reranker, RerankerTrainConfig, registry_fingerprint, train_reranker, trained_for
 from slb.router import Router
 from slb.synth import synthesize_queries
 from slb.tools import ToolEntry, as_entry
@@ -110,10 +110,11 @@ def default_reranker_dir(tools: list[ToolEntry], recipe: str) -> Path:
 
 def train(tools: list[ToolEntry], embedder: Embedder, labelled=(), cfg: RerankerTrainConfig | None = None,
           out: Path | None = None, progress: bool = True) -> dict:
-    """Train (or reuse, when its fingerprint matches) the registry's reranker; returns its meta."""
+    """Train (or reuse, when tools, labelled set and config match) the registry's reranker; returns its meta."""
     out = out or default_reranker_dir(tools, embedder.config.recipe)
-    meta = reranker_meta(out)
-    if meta and meta.get("fingerprint") == registry_fingerprint(tools, embedder.config.recipe, list(labelled)):
+    cfg = cfg or RerankerTrainConfig()
+    meta = trained_for(out, tools, embedder.config.recipe, list(labelled), cfg)
+    if meta:
         return {**meta, "reused": True, "path": str(out)}
     return {**train_reranker(tools, embedder, out, labelled, cfg, progress), "reused": False, "path": str(out)}
 

@@ -10,7 +10,7 @@ import pytest
 from slb.buffer import SLBuffer
 from slb.build import build_buffer
 from slb.gate import GateConfig
-from slb.reranker import Reranker, RerankerTrainConfig, reranker_meta
+from slb.reranker import Reranker, RerankerTrainConfig, reranker_meta, trained_for
 from slb.router import Router
 from slb.synth import synthesize_queries
 from slb.tools import as_entry
@@ -56,12 +56,15 @@ def test_tiny_reranker_trains_saves_reloads_and_reranks(tmp_path, buffer, embedd
     from slb.service import train
 
     tools = [as_entry(t) for t in TOOLS]
-    cfg = RerankerTrainConfig(queries_per_tool=3, max_steps=25, batch_size=8)
+    cfg = RerankerTrainConfig(queries_per_tool=3, max_steps=25, batch_size=2, negatives=5)
     out = tmp_path / "rr"
     meta = train(tools, embedder, [], cfg, out, progress=False)
     assert not meta["reused"] and meta["steps"] == 25 and reranker_meta(out)["fingerprint"] == meta["fingerprint"]
     again = train(tools, embedder, [], cfg, out, progress=False)
-    assert again["reused"]  # same registry: no retraining
+    assert again["reused"]  # same registry and config: no retraining
+    other = RerankerTrainConfig(queries_per_tool=3, max_steps=2, batch_size=2, negatives=5)
+    assert trained_for(out, tools, embedder.config.recipe, [], cfg)
+    assert not trained_for(out, tools, embedder.config.recipe, [], other)  # another config: retrain, not reuse
     rr = Reranker(out)
     texts = [Router(embedder, buffer.index, tools)._texts[i] for i in range(len(tools))]
     s = rr.score("What is the area of a triangle with base 4 and height 3?", texts)

@@ -5,7 +5,8 @@ catalogue with a seeded RNG. tau and the score floor are fitted per size on cali
 default the public queries minus any query being scored; when nothing is left, 2-fold cross-fitting split
 by gold tool: each fold is scored with thresholds fitted on the other). The reranker is trained on queries
 synthesized from the catalogue (plus calibration queries disjoint from the scored ones), never on scored
-queries, and reused from the Nexus home when it matches.
+queries, and reused from the Nexus home when it matches. When cross-fitting, one reranker is trained per
+fold, on the synthesized queries plus the other fold's labelled queries, and scores only its own fold.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default="name_desc_params", help="tool text: name_desc | name_desc_params")
     p.add_argument("--reranker", default=None,
                    help="a CrossEncoder folder to use instead of training one; 'none': no reranking (gate only)")
-    p.add_argument("--train-steps", type=int, default=300)
+    p.add_argument("--train-steps", type=int, default=300, help="reranker optimizer steps (per fold when cross-fitting)")
     p.add_argument("--max-queries", type=int, default=0, help="score only the first N queries (quick runs)")
     p.add_argument("--k", type=int, default=10, help="candidates reranked")
     p.add_argument("--plot", default=None, help="PNG path for accuracy vs size (default: next to --json)")
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> dict:
     from slb.buffer import quantize_rows
     from slb.embedder import Embedder, EmbedderConfig
     from slb.gate import GateConfig, gate_stats, pick_floor, pick_tau
-    from slb.reranker import Reranker, RerankerTrainConfig, registry_fingerprint, reranker_meta, train_reranker
+    from slb.reranker import Reranker, registry_fingerprint
     from slb.index import ScanIndex
     from slb.router import Router
     from slb.scan import scan
@@ -135,21 +136,21 @@ def run(args: argparse.Namespace) -> dict:
     irr = _jsonl(args.irrelevant) if args.irrelevant else []
     iv = emb.embed_texts([q["query"] for q in irr]) if irr else None
 
-    # Reranker: trained on synthesized catalogue queries + calib queries (never scored ones).
-    labelled = [(q["query"], q["gold_tool"]) for q in calib]
+    # Reranker per fold: synthesized catalogue queries + labelled queries never scored in that fold (calib, or
+    # when cross-fitting the other fold's queries).
+    if cross_fit:
+        labelled = {f: [(q["query"], q["gold_tool"]) for q, qf in zip(scored, folds) if qf != f] for f in (0, 1)}
+    else:
+        labelled = dict.fromkeys((0, 1), [(q["query"], q["gold_tool"]) for q in calib])
     train_s = None
     if args.reranker == "none":
-        rr_path = None
+        rr_paths = {}
     elif args.reranker:
-        rr_path = Path(args.reranker)
+        rr_paths = dict.fromkeys((0, 1), Path(args.reranker))
     else:
-        fp = registry_fingerprint(tools, args.recipe, labelled)
-        rr_path = home_path("rerankers", f"eval-{fp}-s{args.train_steps}")
-        meta = reranker_meta(rr_path)
-        if not meta or meta.get("fingerprint") != fp:
-            cfg = RerankerTrainConfig(queries_per_tool=1, max_steps=args.train_steps, seed=args.seed, threads=args.threads)
-            train_s = train_reranker(tools, emb, rr_path, labelled, cfg)["train_s"]
-    rr = Reranker(rr_path) if rr_path else None
+        rr_paths, train_s = _train_rerankers(tools, emb, labelled, args)
+    loaded = {p: Reranker(p) for p in set(rr_paths.values())}
+    rr = {f: loaded[rr_paths[f]] if rr_paths else None for f in (0, 1)}
 
     # rerank_weight: fitted once at the largest size <= 250 on calibration queries (per fold when cross-fitting)
     from slb.tools import tool_text
@@ -158,14 +159,14 @@ def run(args: argparse.Namespace) -> dict:
     fit_size = max([s for s in sizes if s <= 250] or sizes[:1])
     if cross_fit:
         qtexts = [q["query"] for q in scored]
-        weights = {f: _fit_weight(rr, texts, [qtexts[i] for i in np.flatnonzero(folds != f)], qv[folds != f],
+        weights = {f: _fit_weight(rr[f], texts, [qtexts[i] for i in np.flatnonzero(folds != f)], qv[folds != f],
                                   golds[folds != f], f32, m8, sc, fit_size, args.seed + f, args.k) for f in (0, 1)}
     else:
-        w = _fit_weight(rr, texts, [q["query"] for q in calib], cv, cgolds, f32, m8, sc, fit_size, args.seed, args.k)
+        w = _fit_weight(rr[0], texts, [q["query"] for q in calib], cv, cgolds, f32, m8, sc, fit_size, args.seed, args.k)
         weights = {0: w, 1: w}
     result = {"sizes": {}, "rerank_weight": weights, "queries": len(scored), "irrelevant": len(irr), "calib_queries": len(calib),
               "cross_fit": cross_fit, "recipe": args.recipe, "seed": args.seed, "target": args.target,
-              "reranker": str(rr_path) if rr_path else None, "reranker_train_s": train_s, "embed_catalogue_s": embed_tools_s,
+              "reranker": {f: str(p) for f, p in rr_paths.items()} or None, "reranker_train_s": train_s, "embed_catalogue_s": embed_tools_s,
               "catalogue": len(tools)}
     print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'auto%':>6} {'autoP':>6} {'none%':>6} {'p50ms':>7} {'tau':>6} {'floor':>6}")
     for size in sizes:
@@ -191,9 +192,10 @@ def run(args: argparse.Namespace) -> dict:
             gate_of = [g] * len(scored)
         rng = np.random.default_rng(args.seed + 31 * size)
         routed, paths, lat = [], [], []
-        for q, v, g, gate in zip(scored, qv, golds, gate_of):
+        for q, v, g, gate, f in zip(scored, qv, golds, gate_of, folds):
             idx = _registry(rng, len(tools), g, size)
-            router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])), [tools[i] for i in idx], gate, rr)
+            router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])), [tools[i] for i in idx], gate,
+                            rr[f if cross_fit else 0])
             d = router.route(q["query"], v)
             routed.append(d.tool == names[g])
             paths.append(d.path)
@@ -229,6 +231,22 @@ def run(args: argparse.Namespace) -> dict:
         _plot(result, plot)
         result["plot"] = plot
     return result
+
+
+def _train_rerankers(tools, emb, labelled: dict, args) -> tuple[dict, float | None]:
+    """fold -> reranker folder trained on `labelled[fold]` (reused from the Nexus home when tools, labelled
+    set and config match; folds with the same labelled set share one) and the total training seconds (None
+    when all were reused)."""
+    from nexus_agent.home import home_path
+    from slb.reranker import RerankerTrainConfig, registry_fingerprint, train_reranker, trained_for
+
+    cfg = RerankerTrainConfig(max_steps=args.train_steps, seed=args.seed, threads=args.threads)
+    paths, train_s = {}, None
+    for f, lab in labelled.items():
+        paths[f] = home_path("rerankers", f"eval-{registry_fingerprint(tools, args.recipe, lab)}-s{args.train_steps}")
+        if not trained_for(paths[f], tools, args.recipe, lab, cfg):
+            train_s = (train_s or 0.0) + train_reranker(tools, emb, paths[f], lab, cfg)["train_s"]
+    return paths, train_s
 
 
 def _embed_latency(emb, scored, result) -> None:

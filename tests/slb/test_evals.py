@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 from .conftest import QUERIES, TOOLS
 
 
@@ -44,3 +46,25 @@ def test_scan_eval_keys():
     res = scan_eval.run(_args(scan_eval, ["--sizes", "250,2000", "--repeats", "20"]))
     for n in ("250", "2000"):
         assert res["sizes"][n]["numba_us_p50"] > 0 and res["sizes"][n]["numpy_f32_us_p50"] > 0
+
+
+@pytest.mark.slow
+def test_cross_fit_trains_one_reranker_per_fold_on_the_other_folds_queries(tmp_path, nexus_home):
+    import evals.routing as routing
+    from slb.reranker import reranker_meta
+
+    tools = tmp_path / "tools.jsonl"
+    tools.write_text("".join(json.dumps(t) + "\n" for t in TOOLS))
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("".join(json.dumps({"query": q, "gold_tool": g}) + "\n" for q, g in QUERIES))
+    argv = ["--tools", str(tools), "--queries", str(queries), "--calib", str(queries), "--sizes", "12",
+            "--train-steps", "2", "--k", "3", "--plot", str(tmp_path / "acc.png")]
+    res = routing.run(_args(routing, argv))
+    assert res["cross_fit"] and res["reranker_train_s"] > 0
+    paths = res["reranker"]
+    assert set(paths) == {0, 1} and paths[0] != paths[1]
+    folds = [routing._fold(g) for _, g in QUERIES]
+    for f in (0, 1):  # trained on the other fold's labelled queries only: never on the queries it scores
+        assert reranker_meta(paths[f])["labelled"] == sum(1 for x in folds if x != f)
+    again = routing.run(_args(routing, argv))
+    assert again["reranker_train_s"] is None  # both reused from the Nexus home

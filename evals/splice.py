@@ -15,7 +15,6 @@ import argparse
 from pathlib import Path
 
 VARIANTS = ("bare", "reanchored", "repaired", "suffix", "blend", "text")
-DECISIVE = 0.5  # logits: positions where the reference's top-1 leads its top-2 by at least this much
 BLEND_FRAC = 0.15  # CacheBlend recomputes ~15% of a chunk
 
 
@@ -53,7 +52,7 @@ def run_backend(name: str, args) -> dict:
     from splice.calibrate import CalibrationConfig, calibrate
     from splice.cli import calibration_tools
     from splice.compiler import block_key, block_path, compile_blocks
-    from splice.fidelity import CaseRunner, kl_top1, make_case, sample_tools
+    from splice.fidelity import CaseRunner, decisive, kl_top1, make_case, sample_tools
     from splice.profile import load_profile
 
     backend = load_backend(name)
@@ -75,14 +74,13 @@ def run_backend(name: str, args) -> dict:
             runner = CaseRunner(backend, make_case(backend.tokenizer, tool, depth, seed=args.seed + i))
             try:
                 ref = runner.reference()
-                top2 = np.sort(ref, axis=1)[:, -2:]
-                decisive = top2[:, 1] - top2[:, 0] >= DECISIVE
+                keep = decisive(ref, CalibrationConfig.decisive_margin)  # the positions calibration checks
                 for v, plan in _plans(backend, profile, depth, n_tokens).items():
                     if plan is None:
                         continue
                     logits, ms, red = runner.run(kv, plan)
                     agree = ref.argmax(1) == logits.argmax(1)
-                    acc[v].append((*kl_top1(ref, logits), ms, red / n_tokens, agree[decisive].sum(), decisive.sum()))
+                    acc[v].append((*kl_top1(ref, logits), ms, red / n_tokens, agree[keep].sum(), keep.sum()))
             finally:
                 runner.close()
         row = {}

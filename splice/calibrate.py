@@ -5,7 +5,10 @@ h + `blend_pcts` % of the spliced tokens recomputed by K/V deviation), tried che
 token-forward equivalents. For each depth the cheapest candidate whose mean KL over the calibration tools is
 within `kl_margin` x max(target_kl, 3 x the backend's text noise floor) (headroom for tools not calibrated on)
 and whose top-1 agreement is within 0.02 of the text variant's becomes the curve entry, provided it is also
-faster than the text prefill it replaces (the timing gate). The first depth where none passes ends the profile:
+faster than the text prefill it replaces (the timing gate). Top-1 is counted on the decisive positions (the
+reference's top-1 leads by >= `decisive_margin` logits; 0 counts all): with a few dozen calibration positions, one
+flip at a near-tie (measured: every flip of a repaired splice on llama.cpp, depths 64-2048, had a lead < 0.5)
+would otherwise decide the curve by chance. The first depth where none passes ends the profile:
 from there on the splicer prefills text (fail closed).
 """
 
@@ -17,7 +20,7 @@ import numpy as np
 
 from splice.block import load_block
 from splice.compiler import CompileConfig, block_key, block_path, compile_blocks
-from splice.fidelity import CaseRunner, kl_top1, make_case
+from splice.fidelity import CaseRunner, decisive, kl_top1, make_case
 from splice.profile import RepairPlan, SpliceProfile
 
 
@@ -30,6 +33,7 @@ class CalibrationConfig:
     target_kl: float = 0.01  # nats; the bar is max(target_kl, 3 x text floor)
     top1_slack: float = 0.02
     kl_margin: float = 0.85  # the chosen plan's calibration KL must stay below this share of the bar
+    decisive_margin: float = 0.5  # logits; top-1 is checked where the reference leads by this much (0: everywhere)
     seed: int = 0
 
     def __post_init__(self):
@@ -39,6 +43,8 @@ class CalibrationConfig:
             raise ValueError(f"CalibrationConfig.heads must be ascending non-negative counts, got {self.heads}")
         if self.target_kl <= 0:
             raise ValueError("CalibrationConfig.target_kl must be > 0 nats")
+        if self.decisive_margin < 0:
+            raise ValueError(f"CalibrationConfig.decisive_margin must be >= 0 logits, got {self.decisive_margin}")
         if not 0 < self.kl_margin <= 1:
             raise ValueError(f"CalibrationConfig.kl_margin must be in (0, 1], got {self.kl_margin}")
         if any(not 0 < p <= 100 for p in self.blend_pcts) or any(h < 0 for h in self.blend_heads):
@@ -58,10 +64,16 @@ def candidates(config: CalibrationConfig, n_tokens: int, n_layers: int, can_blen
     return [(k, plan, tail) for _, k, plan, tail in sorted(out, key=lambda c: c[0])]
 
 
-def _measure(ref, runner, kv, plan) -> tuple[float, float, float]:
-    """(KL, top-1, TTFT ms) of one variant of one calibration case."""
-    logits, ms, _ = runner.run(kv, plan)
-    return (*kl_top1(ref, logits), ms)
+def _measure(refs, runners, blocks, plan, margin) -> dict:
+    """Mean KL, top-1 (all positions), top-1 on decisive positions and TTFT of one variant over the cases."""
+    rows = []
+    for ref, r in zip(refs, runners):
+        logits, ms, _ = r.run(blocks[r.case.tool.name] if blocks else None, plan)
+        keep = decisive(ref, margin)
+        rows.append((*kl_top1(ref, logits), ms, (ref.argmax(1) == logits.argmax(1))[keep].sum(), keep.sum()))
+    a = np.array(rows, dtype=np.float64)
+    return {"kl": float(a[:, 0].mean()), "top1": float(a[:, 1].mean()), "ttft_ms": float(a[:, 2].mean()),
+            "top1_decisive": float(a[:, 3].sum() / max(1.0, a[:, 4].sum()))}
 
 
 def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None, log=print) -> SpliceProfile:
@@ -78,26 +90,25 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
         runners = [CaseRunner(backend, make_case(backend.tokenizer, t, depth, config.seed + i)) for i, t in enumerate(tools)]
         try:
             refs = [r.reference() for r in runners]
-            text = np.array([_measure(ref, r, None, RepairPlan("text")) for ref, r in zip(refs, runners)]).mean(0)
-            bar_kl, bar_top1 = config.kl_margin * max(config.target_kl, 3 * text[0]), text[1] - config.top1_slack
-            row = {"text": {"kl": float(text[0]), "top1": float(text[1]), "ttft_ms": float(text[2])}}
+            text = _measure(refs, runners, None, RepairPlan("text"), config.decisive_margin)
+            bar_kl = config.kl_margin * max(config.target_kl, 3 * text["kl"])
+            bar_top1 = text["top1_decisive"] - config.top1_slack
+            row = {"text": text}
             chosen = None
             for key, plan, tail in cands:
-                res = [_measure(ref, r, blocks[r.case.tool.name], plan) for ref, r in zip(refs, runners)]
-                kl, top1, ms = np.array(res).mean(0)
-                row[key] = {"kl": float(kl), "top1": float(top1), "ttft_ms": float(ms)}
-                if kl <= bar_kl and top1 >= bar_top1:
-                    if ms < text[2]:  # timing gate: a splice slower than the text prefill is not worth it
+                row[key] = m = _measure(refs, runners, blocks, plan, config.decisive_margin)
+                if m["kl"] <= bar_kl and m["top1_decisive"] >= bar_top1:
+                    if m["ttft_ms"] < text["ttft_ms"]:  # timing gate: a splice slower than text is not worth it
                         chosen = (key, tail)
                     else:
-                        row["timing_gate"] = f"{key} {ms:.0f} ms >= text {text[2]:.0f} ms"
+                        row["timing_gate"] = f"{key} {m['ttft_ms']:.0f} ms >= text {text['ttft_ms']:.0f} ms"
                     break
         finally:
             for r in runners:
                 r.close()
         table[str(depth)] = row
-        log(f"depth {depth}: text kl={text[0]:.4f} top1={text[1]:.2f}; "
-            + ", ".join(f"{k} kl={v['kl']:.4f} top1={v['top1']:.2f}" for k, v in row.items() if k != "text" and isinstance(v, dict))
+        log(f"depth {depth}: text kl={text['kl']:.4f} top1={text['top1']:.2f}; "
+            + ", ".join(f"{k} kl={v['kl']:.4f} top1={v['top1']:.2f}/{v['top1_decisive']:.2f}" for k, v in row.items() if k != "text" and isinstance(v, dict))
             + f" -> {chosen[0] if chosen is not None else 'text fallback'}")
         if chosen is None:
             break

@@ -69,6 +69,16 @@ def kl_top1(ref: np.ndarray, out: np.ndarray) -> tuple[float, float]:
     return float(kl.mean()), float((a.argmax(1) == b.argmax(1)).mean())
 
 
+def decisive(ref: np.ndarray, margin: float) -> np.ndarray:
+    """(T,) bool: rows where the reference's top-1 logit leads its top-2 by at least `margin` (all rows for 0).
+
+    A flip where the reference is at a near-tie (lead ~0.1 logit) says little about a splice: any perturbation,
+    even a different batch split, can flip it. Agreement on the decisive rows is reported beside plain top-1.
+    """
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    return top2[:, 1] - top2[:, 0] >= margin
+
+
 class CaseRunner:
     """Runs variants of one case in one session: the prefix is prefilled once and kept between variants."""
 

@@ -17,15 +17,18 @@ def test_calibration_curve_follows_its_own_measurements(llamacpp_backend):
         row = table[str(depth)]
         chosen = row[f"head{head}"]
         bar = config.kl_margin * max(config.target_kl, 3 * row["text"]["kl"])
-        assert chosen["kl"] <= bar and chosen["top1"] >= row["text"]["top1"] - config.top1_slack
+        top1_bar = row["text"]["top1_decisive"] - config.top1_slack
+        assert chosen["kl"] <= bar and chosen["top1_decisive"] >= top1_bar
         assert chosen["ttft_ms"] < row["text"]["ttft_ms"]  # the timing gate
         cheaper = [f"head{h}" for h in config.heads if h < head]
-        assert all(row[k]["kl"] > bar or row[k]["top1"] < row["text"]["top1"] - config.top1_slack for k in cheaper)
+        assert all(row[k]["kl"] > bar or row[k]["top1_decisive"] < top1_bar for k in cheaper)
     assert profile.max_depth == max(d for d, *_ in profile.curve)
 
 
 def test_calibration_config_rejects_nonsense():
     with pytest.raises(ValueError, match="kl_margin"):
         CalibrationConfig(kl_margin=0)
+    with pytest.raises(ValueError, match="decisive_margin"):
+        CalibrationConfig(decisive_margin=-1)
     with pytest.raises(ValueError, match="heads"):
         CalibrationConfig(heads=(64, 16))

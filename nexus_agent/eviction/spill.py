@@ -40,16 +40,34 @@ class SpillFile:
         """Positions on disk that are not currently recalled into the cache."""
         return self.positions[~self.recalled]
 
-    def read(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Records for `positions` (T,) -> keys, values (L, Hkv, T, D) and tokens (T,); marks them recalled."""
+    def _index(self, positions: np.ndarray) -> np.ndarray:
         lookup = {int(p): i for i, p in enumerate(self.positions) if not self.recalled[i]}
         try:
-            idx = np.array([lookup[int(p)] for p in positions], dtype=np.int64)
+            return np.array([lookup[int(p)] for p in positions], dtype=np.int64)
         except KeyError as e:
             raise ValueError(f"position {e.args[0]} is not in the spill file {self.path}") from None
+
+    def _records(self, idx: np.ndarray) -> np.ndarray:
         mm = np.memmap(self.path, dtype=self.dtype, mode="r", shape=(len(self.positions), *self.shape))
         rec = np.array(mm[idx])  # (T, 2, L, Hkv, D)
         del mm
+        return rec
+
+    def keys(self, positions: np.ndarray) -> np.ndarray:
+        """Keys of spilled `positions` (T,) as (L, Hkv, T, D), without recalling them (for ranking)."""
+        return self._records(self._index(positions))[:, 0].transpose(1, 2, 0, 3)
+
+    def release(self, positions: np.ndarray) -> None:
+        """Mark recalled `positions` as on disk again (their bytes never left the file)."""
+        want = set(np.asarray(positions).tolist())
+        for i in np.nonzero(self.recalled)[0]:
+            if int(self.positions[i]) in want:
+                self.recalled[i] = False
+
+    def read(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Records for `positions` (T,) -> keys, values (L, Hkv, T, D) and tokens (T,); marks them recalled."""
+        idx = self._index(positions)
+        rec = self._records(idx)
         self.recalled[idx] = True
         kv = rec.transpose(1, 2, 3, 0, 4)  # (2, L, Hkv, T, D)
         return kv[0], kv[1], self.tokens[idx]

@@ -17,6 +17,13 @@ _NAMES = ["Orion", "Maple", "Cobalt", "Delta", "Falcon", "Juniper", "Quartz", "E
 _THOUGHTS = ["I should check the next item before answering.", "That result looks incomplete, let me look again.",
              "The previous step did not return what I expected.", "Let me verify this with another tool call.",
              "I will keep going until the task is done.", "Nothing unusual here, moving on."]
+# Fact values: single-token words (" tiger" is one SmolLM2 token). A 4-digit code tokenizes as " " + 4 digits and
+# the 135M model misses its first digit even with the full cache (it answered 3 of 6 on seed 200), which left
+# too few items the full cache answers for a meaningful recall measurement.
+_VALUES = ["apple", "river", "tiger", "copper", "violet", "marble", "garden", "rocket", "silver", "pepper", "candle",
+           "forest", "winter", "summer", "island", "pillow", "dragon", "banana", "mirror", "lemon", "orange",
+           "purple", "yellow", "bridge", "castle", "engine", "jacket", "kitten", "ladder", "magnet", "pencil",
+           "rabbit", "saddle", "tomato", "velvet", "wagon", "zebra", "anchor", "basket", "cactus"]
 _OBS = ["returned 3 matching lines with no errors.", "finished in 0.4 seconds with status ok.",
         "listed 12 entries, none of them relevant.", "printed a long table of timestamps.",
         "reported that the cache was warm.", "gave an empty response."]
@@ -25,7 +32,7 @@ _OBS = ["returned 3 matching lines with no errors.", "finished in 0.4 seconds wi
 @dataclass
 class Fact:
     key: str  # e.g. "server Orion"
-    value: str  # e.g. "4821"
+    value: str  # e.g. "tiger"
 
     @property
     def statement(self) -> str:
@@ -33,7 +40,9 @@ class Fact:
 
     @property
     def question(self) -> str:
-        return f"\nQuestion: what is the access code for {self.key}?\nAnswer: the access code for {self.key} is"
+        # A cloze in the trace's own statement form. After "Question: ...? Answer: ... is" the 135M model expects a
+        # number and says " " (0 of 10 on seed 202 with the full cache); in this form it answers 8 of 10.
+        return f"\nObservation: the access code for {self.key} is"
 
     @property
     def answer(self) -> str:
@@ -51,7 +60,8 @@ def make_trace(seed: int, n_steps: int = 40, n_facts: int = 6) -> Trace:
     """A trace of `n_steps` Thought/Action/Observation steps with `n_facts` facts at seeded steps."""
     rng = np.random.default_rng(seed)
     names = rng.permutation(_NAMES)[:n_facts]
-    facts = [Fact(f"{rng.choice(_NOUNS)} {n}", str(rng.integers(1000, 9999))) for n in names]
+    values = rng.permutation(_VALUES)[:n_facts]
+    facts = [Fact(f"{rng.choice(_NOUNS)} {n}", str(v)) for n, v in zip(names, values)]
     where = sorted(rng.choice(np.arange(1, n_steps - 2), size=n_facts, replace=False).tolist())
     parts, spans, pos, fi = [], [], 0, 0
     for step in range(n_steps):

@@ -16,7 +16,7 @@ def cap(mlx_backend):
     tr = make_trace(5, n_steps=14, n_facts=2)
     ids, _ = needle_positions(tok, tr)
     q, a = tok.encode(tr.facts[0].question), tok.encode(tr.facts[0].answer)
-    return capture(mlx_backend, ids + q + a + tok.encode(" and more"), len(ids) + len(q))
+    return capture(mlx_backend, ids + q + a + tok.encode(" and the rest of it."), len(ids) + len(q))  # >= 6 steps
 
 
 def test_certificate_covers_realized_error(cap):

@@ -154,7 +154,38 @@ def table_eviction(r: dict) -> str:
     cert = r.get("certificate") or {}
     rows.append(["certified: certificate coverage", *[_pct((cert.get(b) or {}).get("coverage")) for b in budgets],
                  None])
-    return _table(["policy", *[f"median error @ {float(b) * 100:g} %" for b in budgets], "fact recall @ 25 %"], rows)
+    parts = [_table(["policy", *[f"median error @ {float(b) * 100:g} %" for b in budgets], "fact recall @ 25 %"],
+                    rows)]
+    rec = r.get("recall") or {}
+    if "0.25_aware" in rec:  # fact recall per condition, with the certificate's and the disk tier's flags
+        full = rec.get("full") or {}
+        parts.append(f"Fact recall at 25 % on the {rec['0.25'][next(iter(rec['0.25']))]['n_items']} items the full "
+                     f"cache answers ({full.get('answered')} of {full.get('n_facts')} facts, {full.get('traces')} "
+                     "traces); +recall: re-answer after a certificate red flag, +recall_spill: after the disk tier's "
+                     "flag, +recall_always: every item; the recall allowance is 10 % of the trace.")
+        rows = []
+        for name in rec["0.25"]:
+            st, aw = rec["0.25"][name], rec["0.25_aware"].get(name) or {}
+            rows.append([name, _pct(st.get("recall_rel")), _pct(aw.get("recall_rel")),
+                         _pct(st.get("flag_rate", st.get("red_flag_rate"))), _pct(st.get("recall_after_flag_acc")),
+                         _pct(aw.get("recall_after_flag_acc"))])
+        parts.append(_table(["policy", "recall (stream)", "recall (aware)", "flag rate (stream)",
+                             "after-flag accuracy (stream)", "after-flag accuracy (aware)"], rows))
+    surv = r.get("survival") or {}
+    if surv:
+        n_ev = max(len(v["survival"]) for v in surv.values())
+        parts.append("Needle survival (share of the fixed needle set still cached) after each eviction event:")
+        parts.append(_table(["variant", *[str(i + 1) for i in range(n_ev)]],
+                            [[k, *[f"{x:.2f}" for x in v["survival"]], *[None] * (n_ev - len(v["survival"]))]
+                             for k, v in surv.items()]))
+    ovh = [r[k] for k in ("overhead", "overhead_4k") if k in r]
+    if ovh:
+        parts.append(_table(["context (tokens)", "budget (tokens)", "decode full (ms)", "decode evicting (ms)",
+                             "eviction (ms/event)", "overhead (% of decode)", "KV bytes full", "KV bytes evicting"],
+                            [[o["context_tokens"], o.get("budget_tokens"), o["decode_ms_full_cache"],
+                              o["decode_ms_evicting"], o["evict_ms_per_event"], _pct(o["decode_overhead_frac"]),
+                              o.get("kv_bytes_full"), o.get("kv_bytes_evicting")] for o in ovh]))
+    return "\n\n".join(parts)
 
 
 def table_agent(r: dict) -> str:

@@ -137,10 +137,21 @@ def eviction(r: dict, out: Path) -> str | None:
             b.plot([float(x) * 100 for x in bs], [cert[x]["coverage"] * 100 for x in bs], marker="o", label=label)
     b.set(ylim=(0, 105), xlabel="KV budget (% of prompt tokens, log scale)",
           ylabel="certificate coverage (% of cells where error ≤ bound)", title="Certified policy: coverage")
-    rec = (r.get("recall") or {}).get("0.25") or {}
-    names = [k for k in rec if "recall_rel" in rec[k]]
-    c.bar(names, [rec[k]["recall_rel"] * 100 for k in names], label="budget 25 %")
-    c.set(xlabel="policy", ylabel="fact recall relative to full cache (%)", title="Fact recall at 25 % budget")
+    recall = r.get("recall") or {}
+    rec, aware = recall.get("0.25") or {}, recall.get("0.25_aware") or {}
+    names = [k for k in rec if rec[k].get("recall_rel") is not None]
+    n_items = rec[names[0]].get("n_items") if names else None
+    x = range(len(names))
+    width = 0.4 if aware else 0.8
+    c.bar([i - width / 2 * bool(aware) for i in x], [rec[k]["recall_rel"] * 100 for k in names], width,
+          label="stream (evict before the question)")
+    if aware:
+        c.bar([i + width / 2 for i in x], [(aware.get(k) or {}).get("recall_rel", 0) * 100 for k in names], width,
+              label="aware (question seen before eviction)")
+    c.set_xticks(list(x), names)
+    c.set(xlabel="policy (+recall: certificate flag; +recall_spill: disk-tier flag; +recall_always: every item)",
+          ylabel="fact recall relative to full cache (%)",
+          title=f"Fact recall at 25 % budget ({n_items} items the full cache answers)")
     c.tick_params(axis="x", labelrotation=30, labelsize=7)
     for ax in (a, b):
         _log_ticks(ax, xs, "{:g} %")

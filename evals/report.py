@@ -26,9 +26,10 @@ PLANS: dict[str, list[str]] = {
     "backends": ["--lengths", "256,1024,4096", "--decode-tokens", "32", "--repeats", "2",
                  "--backends", "llamacpp,mlx,llamacpp-highlevel"],
     "scan": ["--sizes", "250,1000,10000,100000", "--repeats", "100"],
-    "routing": ["--sizes", "10,50,100,250", "--max-queries", "200", "--train-steps", "150",
+    "routing": ["--sizes", "10,50,100,250", "--train-steps", "150",
                 "--irrelevant", str(PUBLIC_DATA / "queries_irrelevant.jsonl")],
-    "splice": ["--backend", "llamacpp,mlx", "--depths", "0,64,256,512,1024,2048", "--n-tools", "2", "--calibrate"],
+    "splice": ["--backend", "llamacpp,mlx", "--depths", "0,64,256,512,1024,2048", "--n-tools", "8", "--calib-tools", "4",
+               "--calibrate"],
     "eviction": ["--quick"],
     "agent": ["--quick", "--sizes", "10,250"],
 }
@@ -36,7 +37,7 @@ TINY: dict[str, list[str]] = {
     "backends": ["--lengths", "64", "--decode-tokens", "8", "--repeats", "1", "--backends", "llamacpp"],
     "scan": ["--sizes", "250,2000", "--repeats", "20"],
     "routing": ["--sizes", "10,50", "--max-queries", "30", "--reranker", "none"],
-    "splice": ["--backend", "llamacpp", "--depths", "0,64", "--n-tools", "1"],
+    "splice": ["--backend", "llamacpp", "--depths", "0,64", "--n-tools", "1", "--calib-tools", "1"],
     "eviction": ["--quick"],
     "agent": ["--quick", "--sizes", "10", "--tasks", "4", "--baseline-tasks", "1"],
 }
@@ -142,8 +143,10 @@ def table_splice(r: dict) -> str:
         for d in sorted(res["depths"], key=int):
             for v, s in res["depths"][d].items():
                 if s.get("kl") is not None:
-                    rows.append([name, d, v, s["kl"], _pct(s["top1"]), s["ttft_ms"], s.get("speedup")])
-    return _table(["backend", "depth", "variant", "KL (nats)", "top-1", "TTFT (ms)", "speedup vs text"], rows)
+                    rows.append([name, d, v, s["kl"], _pct(s["top1"]), _pct(s.get("top1_decisive")), s["ttft_ms"],
+                                 s.get("speedup")])
+    return _table(["backend", "depth", "variant", "KL (nats)", "top-1", "top-1 (decisive)", "TTFT (ms)",
+                   "speedup vs text"], rows)
 
 
 def table_eviction(r: dict) -> str:

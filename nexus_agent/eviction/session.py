@@ -47,6 +47,7 @@ class EvictingSession:
         self.evict_ms: list[float] = []
         self._cert_start = 0
         self._answered = False  # an answer step was certified since the last begin_answer (recall can rank)
+        self._kept = 0  # cache length right after the last eviction (plus recalled tokens)
         self._recalled: tuple[np.ndarray, dict[int, tuple[float, int]]] | None = None  # positions, pre-recall π/unit
         self.cache.query_hook = self._hook
 
@@ -126,7 +127,10 @@ class EvictingSession:
         self._sync()
         if first:
             self.budget = self.config.tokens(self.cache.length)
-        if self.policy.evicts and self.cache.length > self.budget + (0 if first else self.config.block):
+        # A Poisson keep can land above the budget; the next event waits for a block of new tokens on top of
+        # what was kept (it used to fire on the very next forward, e.g. in the middle of an answer).
+        limit = max(self.budget, self._kept) + (0 if first else self.config.block)
+        if self.policy.evicts and self.cache.length > limit:
             self.evict()
 
     def evict(self) -> None:
@@ -167,6 +171,7 @@ class EvictingSession:
         self.inner.tokens = [self.inner.tokens[s] for s in slots]
         self._compact(slots)
         self._apply_bias()
+        self._kept = cache.length
         self.evict_ms.append(1e3 * (time.perf_counter() - t0))
 
     def _apply_bias(self) -> None:
@@ -265,6 +270,7 @@ class EvictingSession:
         self.cache.insert(mx.array(k), mx.array(v), chosen_arr)
         self.inner.tokens += [int(t) for t in toks]
         self.budget += len(chosen_arr)  # the recall budget sits on top of the eviction budget
+        self._kept += len(chosen_arr)
         self._sync()
         self.pi[:] = 1.0
         self.unit[:] = -1
@@ -288,6 +294,7 @@ class EvictingSession:
         self._compact(keep)
         self.spill.release(positions)
         self.budget -= len(positions)
+        self._kept -= len(positions)
         for i, p in enumerate(self.cache.positions):
             if int(p) in saved:
                 self.pi[i], self.unit[i] = saved[int(p)]

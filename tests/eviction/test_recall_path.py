@@ -55,6 +55,8 @@ def test_recall_brings_back_the_asked_fact_and_release_restores(mlx_backend, tra
     assert len(gone) == 5
     for f, needle in gone:
         _answer(s, mlx_backend.tokenizer, f)
+        # no eviction inside the answer: a Poisson keep above the budget used to re-evict on the next forward
+        assert len(s.evict_ms) == 1 and s.cache.length == len(pos0)
         assert s.evicted_attention() > 0.5  # an answer head looks hard at something evicted
         back = s.recall(allowance)
         assert 0 < len(back) <= allowance and s.cache.length == len(pos0) + len(back)

@@ -148,8 +148,8 @@ def eviction(r: dict, out: Path) -> str | None:
     if aware:
         c.bar([i + width / 2 for i in x], [(aware.get(k) or {}).get("recall_rel", 0) * 100 for k in names], width,
               label="aware (question seen before eviction)")
-    c.set_xticks(list(x), names)
-    c.set(xlabel="policy (+recall: certificate flag; +recall_spill: disk-tier flag; +recall_always: every item)",
+    c.set_xticks(list(x), names, rotation=35, ha="right")
+    c.set(xlabel="policy (+recall: certificate flag, _spill: disk-tier flag, _always: every item)",
           ylabel="fact recall relative to full cache (%)",
           title=f"Fact recall at 25 % budget ({n_items} items the full cache answers)")
     c.tick_params(axis="x", labelrotation=30, labelsize=7)

@@ -28,13 +28,23 @@ class SpillFile:
         return len(self.positions)
 
     def write(self, positions: np.ndarray, tokens: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
-        """positions/tokens (T,), keys/values (L, Hkv, T, D) -> T records appended to the file."""
-        rec = np.stack([keys, values]).transpose(3, 0, 1, 2, 4).astype(self.dtype, copy=False)  # (T, 2, L, Hkv, D)
+        """positions/tokens (T,), keys/values (L, Hkv, T, D) -> T records appended to the file.
+
+        A recalled token that is evicted again keeps its one record: its K/V in the cache are the bytes read
+        from that record, so it is only marked as on disk again (a second record would let a later recall put
+        the same position into the cache twice)."""
+        positions = np.asarray(positions, np.int64)
+        again = self.recalled & np.isin(self.positions, positions)
+        self.recalled[again] = False
+        new = ~np.isin(positions, self.positions[again])
+        if not new.any():
+            return
+        rec = np.stack([keys, values]).transpose(3, 0, 1, 2, 4)[new].astype(self.dtype, copy=False)  # (T, 2, L, Hkv, D)
         with open(self.path, "ab") as f:
             f.write(np.ascontiguousarray(rec).tobytes())
-        self.positions = np.concatenate([self.positions, np.asarray(positions, np.int64)])
-        self.tokens = np.concatenate([self.tokens, np.asarray(tokens, np.int64)])
-        self.recalled = np.concatenate([self.recalled, np.zeros(len(positions), dtype=bool)])
+        self.positions = np.concatenate([self.positions, positions[new]])
+        self.tokens = np.concatenate([self.tokens, np.asarray(tokens, np.int64)[new]])
+        self.recalled = np.concatenate([self.recalled, np.zeros(int(new.sum()), dtype=bool)])
 
     def available(self) -> np.ndarray:
         """Positions on disk that are not currently recalled into the cache."""

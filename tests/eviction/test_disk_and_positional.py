@@ -45,3 +45,28 @@ def test_llamacpp_streaming_and_refusal(llamacpp_backend):
     assert "streaming" in POSITIONAL_POLICIES
     with pytest.raises(ValueError, match="MLX"):
         evict_positional(s, "certified", cfg, 64)
+
+
+def test_recalled_tokens_evicted_again_keep_one_record(mlx_backend, tmp_path):
+    """Recall, then an eviction before `release`: the re-evicted tokens must not get a second spill record
+    (a duplicate would later be recalled twice, putting one position in the cache two times)."""
+    ids = mlx_backend.tokenizer.encode("Thought: check the logs. Action: grep_logs(arg=1)\n" * 20)[:240]
+    s = EvictingSession(mlx_backend.new_session(), make_policy("streaming"),
+                        EvictionConfig(budget=64, block=16, recent=16), spill_path=tmp_path / "s.spill")
+    s.prefill(ids[:160])
+    n_spilled = len(s.spill)
+    s.begin_answer()
+    s.forward_logits(ids[160:166])
+    back = s.recall(budget_tokens=32, block=32)
+    assert len(back) == 32
+    s.forward_logits(ids[166:240])  # past budget + block: streaming evicts the old middle, recalled tokens too
+    assert set(back.tolist()) - set(s.cache.positions.tolist())
+    s.release()
+    on_disk = s.spill.positions
+    assert len(np.unique(on_disk)) == len(on_disk) and n_spilled < len(on_disk)
+    assert not set(s.spill.available().tolist()) & set(s.cache.positions.tolist())
+    s.begin_answer()
+    s.forward_logits(ids[:4])
+    s.recall(budget_tokens=64, block=32)
+    cached = s.cache.positions
+    assert len(np.unique(cached)) == len(cached)

@@ -293,8 +293,8 @@ class EvictingSession:
         self.inner.tokens = [self.inner.tokens[i] for i in keep]
         self._compact(keep)
         self.spill.release(positions)
-        self.budget -= len(positions)
-        self._kept -= len(positions)
+        self.budget -= len(positions)  # recall raised it by all of them
+        self._kept -= int(back.sum())  # an eviction since the recall may have taken some already
         for i, p in enumerate(self.cache.positions):
             if int(p) in saved:
                 self.pi[i], self.unit[i] = saved[int(p)]

@@ -194,8 +194,7 @@ def run(args: argparse.Namespace) -> dict:
         routed, paths, lat = [], [], []
         for q, v, g, gate, f in zip(scored, qv, golds, gate_of, folds):
             idx = _registry(rng, len(tools), g, size)
-            router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])), [tools[i] for i in idx], gate,
-                            rr[f if cross_fit else 0])
+            router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])), [tools[i] for i in idx], gate, rr[f])
             d = router.route(q["query"], v)
             routed.append(d.tool == names[g])
             paths.append(d.path)

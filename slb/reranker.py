@@ -87,10 +87,9 @@ def build_groups(
     _, ids = scan_batch(m8, scales, qv, k=min(len(names), cfg.negatives + 1))
     groups = []
     for (q, gold), row in zip(queries, ids):
-        hard = [names[i] for i in row if i >= 0 and names[i] != gold][: cfg.negatives - 1]
-        rand = [n for n in rng.sample(names, min(len(names), 3)) if n != gold and n not in hard][:1]
-        if len(hard) + len(rand) < cfg.negatives:  # tiny registries: fewer hard negatives than asked for
-            hard = [names[i] for i in row if i >= 0 and names[i] != gold][: cfg.negatives - len(rand)]
+        near = [names[i] for i in row if i >= 0 and names[i] != gold]
+        rand = [n for n in rng.sample(names, min(len(names), 3)) if n != gold and n not in near[: cfg.negatives - 1]][:1]
+        hard = near[: cfg.negatives - len(rand)]  # no random tool found (tiny registries): one more hard negative
         groups.append((q, [texts[n] for n in [gold] + hard + rand]))
     rng.shuffle(groups)
     return groups

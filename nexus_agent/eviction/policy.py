@@ -56,6 +56,19 @@ def block_ids(n: int, protected: np.ndarray, block: int) -> np.ndarray:
     return ids
 
 
+def position_block_ids(positions: np.ndarray, protected: np.ndarray, block: int, offset: int = 0) -> np.ndarray:
+    """Like `block_ids`, but blocks are cut by absolute position: the free slots with the same
+    (position - offset) // block form one block (-1 for protected slots), numbered 0.. in position order.
+    Over repeated evictions a kept block stays one block (a kept partial block is completed by its later
+    tokens instead of shifting every later cut); on one contiguous prefill with offset = the sink count it
+    equals `block_ids`."""
+    ids = np.full(len(positions), -1, dtype=np.int64)
+    free = np.nonzero(~protected)[0]
+    if len(free):
+        ids[free] = np.unique((positions[free] - offset) // block, return_inverse=True)[1].ravel()
+    return ids
+
+
 def pool(scores: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Sum token scores (R, N) into block scores (R, nb) with the ids from `block_ids`."""
     nb = int(ids.max()) + 1 if (ids >= 0).any() else 0
@@ -82,6 +95,8 @@ class Policy:
     needs_history = False  # True: the cache must accumulate attention of every query (H2O)
     randomized = False  # True: select() returns π < 1 and the cache adds log(1/π) to kept keys
     evicts = True  # False: the cache never runs this policy (full)
+    sink_block = False  # True: the runtime cache forces the whole first block, not only the sink tokens
+    slot_draws = 0  # > 0: the runtime cache keeps this many uniforms per slot and passes them to select(u=)
 
     def score(self, obs: Observation) -> np.ndarray:
         """Keep-worthiness of each key, (Hkv, N), higher = keep."""

@@ -4,7 +4,9 @@ Wraps `native.mlx_backend.MLXSession` (compose, do not subclass): prefill/decode
 the cache's query hook buffers the last W queries per layer (and accumulates attention for H2O); eviction runs
 at the end of the first prefill and whenever the cache exceeds the budget by a block. Evicted slots are
 compacted out of memory (`LayerKV.keep`) and written to the spill file. Randomized policies store π per slot
-(multiplied across evictions) and the cache adds log(1/π) to those keys' logits (the Hájek offset).
+(multiplied across evictions) and the cache adds log(1/π) to those keys' logits (the Hájek offset). Blocks are
+cut by absolute position (a kept block stays one block across events); a persistent reservoir's uniforms are
+drawn per slot when it enters the cache and kept with it (`draws`).
 During the first `cert_steps` answer steps after `begin_answer()` the hook certifies every `cert_head_stride`-th
 query head of every layer; `certificate` and `red_flag` (certificate ≥ 1) summarise them.
 """
@@ -20,7 +22,7 @@ from threadpoolctl import threadpool_limits
 
 from nexus_agent.eviction.certificate import aggregate, certify_cell
 from nexus_agent.eviction.config import EvictionConfig
-from nexus_agent.eviction.policy import Observation, Policy, block_ids, protected_mask
+from nexus_agent.eviction.policy import Observation, Policy, position_block_ids, protected_mask
 from nexus_agent.eviction.spill import SpillFile
 
 
@@ -36,9 +38,11 @@ class EvictingSession:
         self.budget: int | None = None if isinstance(self.config.budget, float) else self.config.budget
         self.pi = np.ones(0)  # (S,) cumulative inclusion probability per slot
         self.unit = np.zeros(0, dtype=np.int64)  # (S,) last Poisson sampling unit (-1: π = 1)
+        self.draws = np.zeros((0, policy.slot_draws))  # (S, n) a persistent reservoir's uniforms per slot
         self._next_unit = 0
         self.h2o: list[np.ndarray] = [np.zeros((self.info.n_kv_heads, 0)) for _ in range(self.info.n_layers)]
         self.queries: list[list] = [[] for _ in range(self.info.n_layers)]  # per layer: [(q mx (H,T,D), qpos)]
+        self._buffered = [0] * self.info.n_layers  # query tokens in each layer's buffer
         self.spill = SpillFile(spill_path, self.info.n_layers, self.info.n_kv_heads, self.info.head_dim) if spill_path else None
         self.cert_steps, self.cert_head_stride, self.delta = cert_steps, cert_head_stride, delta
         self.spill_flag_at = spill_flag_at  # evicted_attention() threshold of spill_flag
@@ -88,8 +92,10 @@ class EvictingSession:
         w = self.config.window
         buf = self.queries[layer]
         buf.append((q[0, :, -w:, :], qpos[-w:]))
-        if sum(len(p) for _, p in buf) > 2 * w:
-            self.queries[layer] = buf[-w:]
+        self._buffered[layer] += len(buf[-1][1])
+        if self._buffered[layer] > 2 * w:  # a running count: summing the buffer cost ~1 ms per decode step
+            self.queries[layer] = buf = buf[-w:]
+            self._buffered[layer] = sum(len(p) for _, p in buf)
         lk = self.cache.layers[layer]
         if self.policy.needs_history:
             keys, _ = lk.view()
@@ -116,10 +122,14 @@ class EvictingSession:
         self.pi = np.concatenate([self.pi, np.ones(n - len(self.pi))])
         self.unit = np.concatenate([self.unit, np.full(n - len(self.unit), -1, dtype=np.int64)])
         self.var_contrib = np.concatenate([self.var_contrib, np.zeros(n - len(self.var_contrib))])
+        if n > len(self.draws):  # uniforms are drawn once, when a token enters the cache (none: no RNG use)
+            new = (n - len(self.draws), self.draws.shape[1])
+            self.draws = np.concatenate([self.draws, self.rng.random(new) if new[1] else np.zeros(new)])
 
     def _compact(self, slots: np.ndarray) -> None:
         n = len(self.pi)
         self.pi, self.unit, self.var_contrib = self.pi[slots], self.unit[slots], self.var_contrib[slots]
+        self.draws = self.draws[slots]
         if self.policy.needs_history:
             self.h2o = [np.pad(h, ((0, 0), (0, n - h.shape[1])))[:, slots] for h in self.h2o]
 
@@ -143,9 +153,10 @@ class EvictingSession:
         self._sync()
         c, cache = self.config, self.cache
         pos, n = cache.positions.copy(), cache.length
-        protected = protected_mask(pos, self.n_past, c.sinks, c.recent)
+        sinks = max(c.sinks, c.block) if self.policy.sink_block else c.sinks
+        protected = protected_mask(pos, self.n_past, sinks, c.recent)
         k_blocks = max(0, (self.budget - int(protected.sum())) // c.block)
-        ids = block_ids(n, protected, c.block)
+        ids = position_block_ids(pos, protected, c.block, offset=sinks)
         agg = np.zeros(n)
         for li, layer in enumerate(cache.layers):
             k, v = layer.view()
@@ -155,7 +166,11 @@ class EvictingSession:
             s = self.policy.score(obs)
             s = s - s.min(1, keepdims=True)
             agg += (s / (s.sum(1, keepdims=True) + 1e-30)).mean(0)
-        keep, pi = self.policy.select(agg[None] / len(cache.layers), protected, k_blocks, ids, self.rng)
+        kw = {}
+        if self.draws.shape[1]:  # a block's uniforms are those of its first slot: (n, 1, nb)
+            blocks, first = np.unique(ids, return_index=True)
+            kw["u"] = self.draws[first[blocks >= 0]].T[:, None]
+        keep, pi = self.policy.select(agg[None] / len(cache.layers), protected, k_blocks, ids, self.rng, **kw)
         keep, pi = keep[0], pi[0]
         slots, gone = np.nonzero(keep)[0], np.nonzero(~keep)[0]
         if self.spill is not None and len(gone):

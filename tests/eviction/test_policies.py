@@ -65,3 +65,21 @@ def test_certified_offsets_are_log_inverse_pi(mlx_backend, prompt):
     s2 = EvictingSession(mlx_backend.new_session(), make_policy("certified", offset=False), EvictionConfig(**CFG))
     s2.prefill(prompt)
     assert all(layer.bias is None for layer in s2.cache.layers)
+
+
+def test_reservoir_forces_the_first_block_and_keeps_each_slots_uniforms(mlx_backend, prompt):
+    from nexus_agent.eviction import make_policy
+
+    s = EvictingSession(mlx_backend.new_session(), make_policy("reservoir", n=5), EvictionConfig(**CFG))
+    s.prefill(prompt)
+    assert set(range(CFG["block"])) <= set(s.cache.positions.tolist())  # forced: the whole first block
+    assert s.draws.shape == (s.cache.length, 5)
+    before = dict(zip(s.cache.positions.tolist(), map(tuple, s.draws)))
+    s.forward_logits(prompt[:40])
+    assert len(s.evict_ms) == 2
+    after = dict(zip(s.cache.positions.tolist(), map(tuple, s.draws)))
+    kept = set(before) & set(after)
+    assert len(kept) > CFG["block"] and all(after[p] == before[p] for p in kept)  # drawn once, on arrival
+    redraw = EvictingSession(mlx_backend.new_session(), make_policy("reservoir", n=5, persistent=False),
+                             EvictionConfig(**CFG))
+    assert redraw.draws.shape[1] == 0

@@ -88,4 +88,8 @@ def test_needle_survival_tracks_a_fixed_needle_set(mlx_backend):
     assert out["events"] == len(out["survival"]) >= 5 and out["n_past"][0] == len(pre)
     assert all(x * len(needles) == round(x * len(needles)) for x in out["survival"])  # one fixed denominator
     assert all(b <= a for a, b in zip(out["survival"], out["survival"][1:]))  # top-k never brings one back
-    assert len(set(out["kv_bytes"][1:])) == 1  # flat in trace length
+    # flat in trace length: every event ends at or under the budget, and the bytes are those of the kept tokens
+    # (not exactly equal per event: blocks are cut by position, and a kept block at the recent window's edge
+    # can be partial)
+    assert all(t <= 128 for t in out["cache_tokens"])
+    assert len({b // t for b, t in zip(out["kv_bytes"], out["cache_tokens"])}) == 1

@@ -129,7 +129,10 @@ class MLXSession:
     def remove(self, start: int, end: int) -> None:
         pos = self.cache.positions
         keep = np.nonzero((pos < start) | (pos >= end))[0]
-        self.cache.keep(keep)
+        if not len(keep) or keep[-1] == len(keep) - 1:  # a suffix of the slots (rewinding a probe): no copy
+            self.cache.truncate(len(keep))
+        else:
+            self.cache.keep(keep)
         self.tokens = [self.tokens[s] for s in keep]
         if end >= self.n_past:
             self.n_past = min(self.n_past, start)

@@ -2,8 +2,9 @@
 
 Keys are rotated at their absolute positions when written, so dropping some keys never changes the others and
 a recalled key needs no re-rotation. The cache builds the attention mask from positions (a query at position p
-sees keys at positions <= p) plus the additive bias, so the "causal" shortcut is used only while slot i holds
-position i. Shapes: Hkv key/value heads, S used slots, D head dim, L layers.
+sees keys at positions <= p) plus the additive bias; while no bias is set and every cached key precedes the new
+tokens (slot order need not match position order) that mask is the bottom-right "causal" one and no array is
+built. Shapes: Hkv key/value heads, S used slots, D head dim, L layers.
 """
 
 from __future__ import annotations
@@ -71,25 +72,28 @@ class LayerKV:
             self.append(k, v, positions, bias)
             mx.eval(self.keys, self.values)
 
+    def truncate(self, n: int) -> None:
+        """Drop the slots from n on (a rewind); the storage stays allocated for the next append."""
+        self.length, self.positions = n, self.positions[:n]
+        if self.bias is not None:
+            self.bias = self.bias[:, :n]
+
     def view(self) -> tuple[mx.array, mx.array]:
         return self.keys[..., : self.length, :], self.values[..., : self.length, :]
-
-    @property
-    def contiguous(self) -> bool:
-        """True while slot i holds position i and no bias is set (the plain causal case)."""
-        return self.bias is None and (self.length == 0 or int(self.positions[-1]) == self.length - 1)
 
     # -- attention -----------------------------------------------------------------------------------------
     def update_and_fetch(self, k: mx.array, v: mx.array, q: mx.array, offset: int):
         """Store new (B, Hkv, T, D) keys/values at positions offset..; return all keys, values and the mask."""
         t = k.shape[2]
         qpos = np.arange(offset, offset + t, dtype=np.int64)
-        was_contiguous = self.contiguous and offset == self.length
+        # Every cached key precedes the new tokens (always so after eviction or recall, which keep earlier
+        # positions only): the position mask is then exactly the bottom-right "causal" one (None for one query).
+        in_order = self.length == 0 or int(self.positions.max()) < offset
         self.append(k, v, qpos)
         if self.owner.query_hook is not None:
             self.owner.query_hook(self.index, q, qpos)
         keys, values = self.view()
-        if was_contiguous:
+        if in_order and self.bias is None:
             return keys, values, ("causal" if t > 1 else None)
         return keys, values, self.mask(qpos)
 
@@ -139,6 +143,10 @@ class KVCache:
     def keep(self, slots: np.ndarray) -> None:
         for layer in self.layers:
             layer.keep(slots)
+
+    def truncate(self, n: int) -> None:
+        for layer in self.layers:
+            layer.truncate(n)
 
     def export(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Keys and values of the given slots as (L, Hkv, T, D) float32 NumPy arrays."""

@@ -11,7 +11,7 @@ BUDGETS = (0.125, 0.25, 0.5)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="one replay trace, two recall traces, three recall policies, no 4k overhead run (< 10 min on 2 cores)")
+    p.add_argument("--quick", action="store_true", help="one replay trace, two recall traces, three recall policies, 3 survival repeats without the redraw ablation, no 4k overhead run (< 10 min on 2 cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default=None, help="PNG path for error and recall vs budget (default: next to --json)")
 
@@ -78,14 +78,15 @@ def run(args: argparse.Namespace) -> dict:
     # in a short trace that ends asking for them, so the first eviction sees them attended; then chatter streams
     # in and every later event scores them on the window of the moment, where they look like any other chatter.
     # Budget 192 = the forced first block and recent window (64) + K = 4 reservoir blocks; each event (every 64
-    # stream tokens) picks 4 of ~6 blocks. "_redraw" is the ablation with fresh uniforms at every event.
+    # stream tokens) picks 4 of ~6 blocks. "_redraw" (outside --quick) is the ablation with fresh uniforms at
+    # every event.
     tr = make_trace(args.seed + 100, n_steps=8, n_facts=3)
     pre, needles = needle_positions(tok, tr)
     pre = pre + tok.encode("Thought: I need the access codes for " + ", ".join(f.key for f in tr.facts) + ".\n")
     stream, _ = needle_positions(tok, make_trace(args.seed + 101, n_steps=20 if args.quick else 45, n_facts=0))
     surv = {}
-    for label, n, persistent in (("topk_n_inf", None, True), ("reservoir_n1", 1, True), ("reservoir_n5", 5, True),
-                                 ("reservoir_n5_redraw", 5, False)):
+    surv_variants = [("topk_n_inf", None, True), ("reservoir_n1", 1, True), ("reservoir_n5", 5, True)]
+    for label, n, persistent in surv_variants + ([] if args.quick else [("reservoir_n5_redraw", 5, False)]):
         runs = [needle_survival(backend, pre, needles, stream, make_policy("reservoir", n=n, persistent=persistent),
                                 budget=192, seed=args.seed + r) for r in range(1 if n is None else n_surv)]
         n_ev = min(len(r["survival"]) for r in runs)  # a kept partial block can shift a seed's later events

@@ -245,16 +245,21 @@ class EvictingSession:
                 self.var_contrib[np.nonzero(vis)[0]] += contrib
 
     # -- disk tier -----------------------------------------------------------------------------------------------
-    def recall(self, budget_tokens: int, block: int = 64, rank: str = "attention") -> np.ndarray:
-        """Bring back evicted `block`-token blocks, best first, up to `budget_tokens`; returns the recalled
-        positions. Restored K/V are the spilled bytes. Afterwards the Hájek offsets are dropped (π = 1): the
-        enlarged cache is attended plainly. The recall budget is an allowance on top of the eviction budget, not
-        cumulative: a previous recall is released first (`release`).
+    def recall(self, budget_tokens: int, block: int | None = None, rank: str = "attention") -> np.ndarray:
+        """Bring back evicted tokens, best first, up to `budget_tokens`; returns the recalled positions. Restored
+        K/V are the spilled bytes. Afterwards the Hájek offsets are dropped (π = 1): the enlarged cache is
+        attended plainly. The recall budget is an allowance on top of the eviction budget, not cumulative: a
+        previous recall is released first (`release`).
 
-        rank="neighbours" (DESIGN §7): by the certificate variance that the block's retained neighbours (the
-        blocks either side) carried during the answer steps. rank="attention" (default): by the attention the
-        last question and answer steps would give the block's spilled keys (`_spilled_attention`); it reads the
-        spilled keys, not only the neighbours, and picked the needle's block far more often (see there)."""
+        rank="attention" (default): windows of `block` (default 32) spilled positions centred on the spilled
+        keys that the last question and answer steps would attend to most (`_spilled_attention`), best key
+        first, until the allowance is full. It reads the spilled keys, not only the neighbours. A window centred on the peak keeps what the
+        question matched (a fact's name, its value) together with the tokens around it, wherever a block
+        boundary falls; aligned 64-token blocks summed over their keys held the asked fact's value in 26 of 41
+        cases, blocks scored by their best key in 31, centred 32-token windows in 41 (certified, 25 %, stream
+        condition, 10 % allowance, trace seeds 200-205).
+        rank="neighbours" (DESIGN §7): aligned `block` (default 64) -token blocks by the certificate variance
+        that the block's retained neighbours (the blocks either side) carried during the answer steps."""
         if rank not in ("neighbours", "attention"):
             raise ValueError(f"rank must be 'neighbours' or 'attention', got {rank!r}")
         if self.spill is None:
@@ -264,19 +269,31 @@ class EvictingSession:
             return np.zeros(0, dtype=np.int64)
         self._sync()
         avail = np.sort(self.spill.available())
-        pos = self.cache.positions
-        blocks = np.unique(avail // block)
+        chosen: set[int] = set()
         if rank == "attention":
+            span = block or 32
             peak = self._spilled_attention(avail)
-            score = np.array([peak[avail // block == b].sum() for b in blocks])
+            for j in np.argsort(-peak, kind="stable"):
+                p = int(avail[j])
+                if p in chosen:
+                    continue
+                lo = np.searchsorted(avail, p - span // 2)
+                win = [int(x) for x in avail[lo : np.searchsorted(avail, p - span // 2 + span)] if int(x) not in chosen]
+                room = budget_tokens - len(chosen)
+                if len(win) > room:  # the last window: the tokens nearest its key fill the allowance
+                    win = sorted(win, key=lambda x: (abs(x - p), x))[:room]
+                chosen.update(win)
+                if len(chosen) == budget_tokens:
+                    break
         else:
+            block = block or 64
+            pos = self.cache.positions
+            blocks = np.unique(avail // block)
             score = np.array([self.var_contrib[(pos >= (b - 1) * block) & (pos < (b + 2) * block)].sum() for b in blocks])
-        chosen: list[int] = []
-        for b in blocks[np.argsort(-score, kind="stable")]:
-            members = avail[avail // block == b]
-            if len(chosen) + len(members) > budget_tokens:
-                continue
-            chosen += members.tolist()
+            for b in blocks[np.argsort(-score, kind="stable")]:
+                members = avail[avail // block == b]
+                if len(chosen) + len(members) <= budget_tokens:
+                    chosen.update(members.tolist())
         chosen_arr = np.array(sorted(chosen), dtype=np.int64)
         if not len(chosen_arr):
             return chosen_arr

@@ -40,7 +40,8 @@ def needle_survival(backend, prefill: list[int], needles: list[int], stream: lis
         if len(s.evict_ms) > seen:
             seen = len(s.evict_ms)
             record()
-    out = {"survival": curve, "kv_bytes": nbytes, "n_past": n_past, "cache_tokens": cache_tokens, "events": len(s.evict_ms),
+    out = {"survival": curve, "kv_bytes": nbytes, "n_past": n_past, "cache_tokens": cache_tokens,
+           "events": len(s.evict_ms),
            "n_needles": len(needles), "evict_ms": float(np.mean(s.evict_ms)) if s.evict_ms else 0.0}
     s.close()
     return out

@@ -9,7 +9,7 @@ from evals.eviction_traces import make_trace, needle_positions
 def test_decode_overhead_times_decode_events_against_a_same_size_cache(mlx_backend):
     ids, _ = needle_positions(mlx_backend.tokenizer, make_trace(5, n_steps=10, n_facts=2))
     ids = ids[:300]
-    out = decode_overhead(mlx_backend, ids, budget=100, rounds=1, steps=40)  # kept 4 + 2 x 32 + 32: an event every 33 steps
+    out = decode_overhead(mlx_backend, ids, budget=100, rounds=1, steps=40)  # keeps 100: an event every 33 steps
     assert out["context_tokens"] == 300 and out["events"] >= 1  # a decode-time event, not only the prefill's
     assert out["evict_ms_per_event"] > 0 and out["evict_ms_prefill"] > 0 and out["tokens_per_event"] <= 40
     assert out["kv_bytes_evicting"] < out["kv_bytes_full"] / 2

@@ -157,6 +157,7 @@ def table_eviction(r: dict) -> str:
     cert = r.get("certificate") or {}
     rows.append(["certified: certificate coverage", *[_pct((cert.get(b) or {}).get("coverage")) for b in budgets],
                  None])
+    rows.append(["certified: certificate Spearman", *[(cert.get(b) or {}).get("spearman") for b in budgets], None])
     parts = [_table(["policy", *[f"median error @ {float(b) * 100:g} %" for b in budgets], "fact recall @ 25 %"],
                     rows)]
     rec = r.get("recall") or {}
@@ -177,17 +178,26 @@ def table_eviction(r: dict) -> str:
     surv = r.get("survival") or {}
     if surv:
         n_ev = max(len(v["survival"]) for v in surv.values())
-        parts.append("Needle survival (share of the fixed needle set still cached) after each eviction event:")
-        parts.append(_table(["variant", *[str(i + 1) for i in range(n_ev)]],
-                            [[k, *[f"{x:.2f}" for x in v["survival"]], *[None] * (n_ev - len(v["survival"]))]
-                             for k, v in surv.items()]))
+        parts.append("Needle survival after each eviction event: the share of the fixed needle set still cached "
+                     "(mean over repeats), and (alive) the share of repeats with at least one needle cached:")
+        rows = []
+        for k, v in surv.items():
+            for label, key in ((k, "survival"), (f"{k} (alive)", "alive")):
+                if key in v:
+                    rows.append([label, *[f"{x:.2f}" for x in v[key]], *[None] * (n_ev - len(v[key]))])
+        parts.append(_table(["variant", *[str(i + 1) for i in range(n_ev)]], rows))
     ovh = [r[k] for k in ("overhead", "overhead_4k") if k in r]
     if ovh:
-        parts.append(_table(["context (tokens)", "budget (tokens)", "decode full (ms)", "decode evicting (ms)",
-                             "eviction (ms/event)", "overhead (% of decode)", "KV bytes full", "KV bytes evicting"],
+        parts.append("Decode time per token (ms): full cache, a plain cache of the evicting session's size, and the "
+                     "evicting session (hook, masks and decode-time eviction events at their real frequency); "
+                     "overhead = (evicting − same size) / full.")
+        parts.append(_table(["context (tokens)", "budget (tokens)", "decode full", "decode same size",
+                             "decode evicting", "eviction (ms/event)", "overhead (% of decode)", "KV bytes full",
+                             "KV bytes evicting"],
                             [[o["context_tokens"], o.get("budget_tokens"), o["decode_ms_full_cache"],
-                              o["decode_ms_evicting"], o["evict_ms_per_event"], _pct(o["decode_overhead_frac"]),
-                              o.get("kv_bytes_full"), o.get("kv_bytes_evicting")] for o in ovh]))
+                              o.get("decode_ms_same_size_plain"), o["decode_ms_evicting"], o["evict_ms_per_event"],
+                              _pct(o["decode_overhead_frac"]), o.get("kv_bytes_full"), o.get("kv_bytes_evicting")]
+                             for o in ovh]))
     return "\n\n".join(parts)
 
 

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b = s.add_parser("build", help="embed the registry's tools into the INT8 buffer (incremental)")
     _embedder_args(b)
     b.set_defaults(func=_build)
-    c = s.add_parser("calibrate", help="fit the margin gate tau and the score floor")
+    c = s.add_parser("calibrate", help="fit the margin gate tau, the score floor and the cosine/BM25/cross-encoder weights")
     _embedder_args(c)
     c.add_argument("--queries", default=None, help='labelled JSONL {"query", "gold_tool"} (default: synthesized)')
     c.add_argument("--target", type=float, default=0.97, help="auto-routed precision to reach")
@@ -53,8 +53,9 @@ def _route(args: argparse.Namespace) -> int:
         print(json.dumps(d.as_dict(), indent=2))
         return 0
     print(f"{d.path}: {d.tool or '(no tool)'}  score={d.score:.3f} margin={d.margin:.3f}  {d.timings['total_ms']:.1f} ms")
-    for name, cos, logit in d.candidates[:5]:
-        print(f"  {name:<40} cos={cos:.3f}" + (f" rerank={logit:.2f}" if logit is not None else ""))
+    for name, cos, logit, lex in d.candidates[:5]:
+        print(f"  {name:<40} cos={cos:.3f}" + (f" bm25={lex:.2f}" if lex is not None else "")
+              + (f" rerank={logit:.2f}" if logit is not None else ""))
     return 0
 
 
@@ -73,7 +74,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     labelled = read_labelled(args.queries) if args.queries else []
     cal = calibrate(registry_tools(), labelled, Embedder(_config(args)), buffer_path(), args.target, args.floor_recall)
     src = args.queries or "synthesized queries"
-    print(f"tau={cal['tau']:.4f} floor={cal['floor']:.4f} on {cal['queries']} queries from {src}: "
+    print(f"tau={cal['tau']:.4f} floor={cal['floor']:.4f} lex_weight={cal['lex_weight']:g} ce_weight={cal['ce_weight']:g} "
+          f"on {cal['queries']} queries from {src}: "
           f"auto-route rate {cal['auto_rate']:.1%}, precision {cal['auto_precision']:.3f} (target {cal['target']})")
     return 0
 

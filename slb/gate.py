@@ -5,6 +5,7 @@ auto: top-1 cosine >= floor and (top-1 − top-2) > tau; none: top-1 cosine < fl
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -13,12 +14,15 @@ import numpy as np
 @dataclass
 class GateConfig:
     """tau: margin (cosine units) above which the top-1 is taken without reranking; floor: top-1 cosine
-    below which the router answers "none"; k: candidates handed to the reranker."""
+    below which the router answers "none"; k: candidates reranked. Below tau the candidates are ordered by
+    cosine + lex_weight * BM25/max(BM25 over the candidates) + ce_weight * cross-encoder logit (slb.lexical;
+    the cross-encoder is not called when ce_weight is 0). Both weights are fitted by pick_fusion_weights."""
 
     tau: float = 0.10
     floor: float = 0.20
     k: int = 10
-    rerank_weight: float = 5.0  # reranked order: logit + rerank_weight * cosine (fitted by pick_rerank_weight)
+    lex_weight: float = 0.10
+    ce_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if not -1.0 <= self.floor <= 1.0:
@@ -27,11 +31,24 @@ class GateConfig:
             raise ValueError(f"tau is a cosine margin in [0, 2], got {self.tau}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
-        if self.rerank_weight < 0:
-            raise ValueError(f"rerank_weight must be >= 0, got {self.rerank_weight}")
+        for name in ("lex_weight", "ce_weight"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_calibration(cls, cal: dict) -> "GateConfig":
+        """The gate stored by `slb calibrate` (defaults for missing keys). Calibrations written before the
+        lexical term hold only rerank_weight w (order: logit + w * cosine): read as ce_weight = 1/w, no lexical
+        term (the same order; w = 0, logits only, becomes a large ce_weight)."""
+        kw = {k: cal[k] for k in ("tau", "floor", "k", "lex_weight", "ce_weight") if cal.get(k) is not None}
+        if "rerank_weight" in cal and "lex_weight" not in cal and "ce_weight" not in cal:
+            w = float(cal["rerank_weight"])
+            kw.update(lex_weight=0.0, ce_weight=1.0 / w if w > 0 else 1e6)
+        return cls(**kw)
 
 
 def pick_tau(margins: np.ndarray, correct: np.ndarray, target: float = 0.97, min_auto: int = 5) -> float:
@@ -78,17 +95,38 @@ def gate_stats(margins: np.ndarray, correct: np.ndarray, tau: float) -> dict:
     return {"auto_rate": n / max(1, len(auto)), "auto_precision": float(np.asarray(correct)[auto].mean()) if n else float("nan")}
 
 
-RERANK_WEIGHTS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)
+LEX_WEIGHTS = (0.0, 0.02, 0.04, 0.06, 0.08, 0.10, 0.125, 0.15, 0.20, 0.25, 0.30, 0.40)
+CE_WEIGHTS = (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
-def pick_rerank_weight(cos: np.ndarray, logits: np.ndarray, gold: np.ndarray, grid=RERANK_WEIGHTS) -> float:
-    """Weight w maximizing top-1 accuracy of argmax(logit + w * cosine) over the candidates.
+def fused_scores(cos: np.ndarray, lex: np.ndarray | None, logits: np.ndarray | None, lex_weight: float,
+                 ce_weight: float) -> np.ndarray:
+    """cos + lex_weight * lex / max(lex over the candidates) + ce_weight * logits, over the last axis."""
+    from slb.lexical import normalized
 
-    cos, logits: (Q, k) scan cosines and reranker logits of each query's k candidates; gold: (Q,) index of
-    the gold tool among them, −1 when it is not a candidate. Ties go to the smallest w (trust the reranker).
+    out = np.asarray(cos, np.float64).copy()
+    if lex is not None and lex_weight:
+        out += lex_weight * normalized(lex)
+    if logits is not None and ce_weight:
+        out += ce_weight * np.asarray(logits, np.float64)
+    return out
+
+
+def pick_fusion_weights(cos: np.ndarray, lex: np.ndarray, logits: np.ndarray | None, gold: np.ndarray,
+                        lex_grid=LEX_WEIGHTS, ce_grid=CE_WEIGHTS) -> tuple[float, float]:
+    """(lex_weight, ce_weight) maximizing top-1 accuracy of argmax(fused_scores) over the candidates.
+
+    cos, lex, logits: (Q, k) scan cosines, raw BM25 and cross-encoder logits of each query's k candidates
+    (logits None: no cross-encoder, ce_weight 0); gold: (Q,) index of the gold tool among them, −1 when it is
+    not a candidate. Ties go to the simplest: ce_weight 0 first, then the smallest weights.
     """
-    cos, logits, gold = np.asarray(cos), np.asarray(logits), np.asarray(gold)
-    if cos.shape != logits.shape or len(gold) != len(cos):
-        raise ValueError("cos and logits must be (Q, k) and gold (Q,)")
-    acc = [float(np.mean(np.argmax(logits + w * cos, axis=1) == gold)) for w in grid]
-    return float(grid[int(np.argmax(acc))])
+    cos, lex, gold = np.asarray(cos, np.float64), np.asarray(lex, np.float64), np.asarray(gold)
+    if cos.shape != lex.shape or len(gold) != len(cos) or (logits is not None and np.shape(logits) != cos.shape):
+        raise ValueError("cos, lex (and logits) must be (Q, k) and gold (Q,)")
+    best, best_acc = (0.0, 0.0), -1.0
+    for c in (ce_grid if logits is not None else (0.0,)):
+        for w in lex_grid:
+            acc = float(np.mean(np.argmax(fused_scores(cos, lex, logits, w, c), axis=1) == gold)) if len(gold) else 0.0
+            if acc > best_acc + 1e-12:
+                best, best_acc = (float(w), float(c)), acc
+    return best

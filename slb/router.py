@@ -1,4 +1,4 @@
-"""`route(query) -> RouteDecision`: scan, gate, rerank."""
+"""`route(query) -> RouteDecision`: scan, gate, rerank (cosine fused with BM25 and, if weighted, a cross-encoder)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from slb.embedder import Embedder
-from slb.gate import GateConfig
-from slb.reranker import Reranker
+from slb.gate import GateConfig, fused_scores
 from slb.index import ScanIndex
+from slb.lexical import LexicalIndex
+from slb.reranker import Reranker
 from slb.tools import ToolEntry, tool_text
 
 PATHS = ("auto", "rerank", "none")
@@ -19,14 +20,15 @@ PATHS = ("auto", "rerank", "none")
 @dataclass
 class RouteDecision:
     """The router's answer. tool: chosen tool name (None for path "none"); score: top-1 cosine of the scan;
-    margin: top-1 − top-2 cosine; path: auto | rerank | none; candidates: [(name, cosine, rerank logit or
-    None)] best first by the scan; timings: milliseconds per stage (embed, scan, rerank, total)."""
+    margin: top-1 − top-2 cosine; path: auto | rerank | none; candidates: [(name, cosine, cross-encoder logit or
+    None, BM25 or None)] best first by the scan (logit: only when the cross-encoder ran; BM25: on the rerank
+    path); timings: milliseconds per stage (embed, scan, rerank, total)."""
 
     tool: str | None
     score: float
     margin: float
     path: str
-    candidates: list[tuple[str, float, float | None]] = field(default_factory=list)
+    candidates: list[tuple[str, float, float | None, float | None]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -39,11 +41,12 @@ class Router:
     rows, `SLBuffer.index` for a buffer file) with tool texts for the reranker.
 
     mode: "gate" (auto / rerank / none as calibrated), "embed" (always the scan's top-1, no floor),
-    "rerank" (rerank every query that passes the floor).
+    "rerank" (fused order for every query that passes the floor).
     """
 
     def __init__(self, embedder: Embedder, index: ScanIndex, tools: list[ToolEntry],
-                 gate: GateConfig | None = None, reranker: Reranker | None = None, mode: str = "gate"):
+                 gate: GateConfig | None = None, reranker: Reranker | None = None, mode: str = "gate",
+                 lexical: LexicalIndex | None = None):
         if len(tools) != len(index):
             raise ValueError(f"{len(tools)} tools for {len(index)} buffer rows: rebuild the buffer")
         if mode not in ("gate", "embed", "rerank"):
@@ -52,6 +55,9 @@ class Router:
         self.gate = gate or GateConfig()
         self.reranker, self.mode = reranker, mode
         self._texts = [tool_text(t, embedder.config.recipe) for t in tools]
+        if lexical is not None and len(lexical) != len(tools):
+            raise ValueError(f"lexical index of {len(lexical)} rows for {len(tools)} tools")
+        self.lexical = lexical if lexical is not None else LexicalIndex(self._texts)
 
     def route(self, query: str, qvec: np.ndarray | None = None) -> RouteDecision:
         """Decide for one query; `qvec` (D,) float32 skips the embedding (evals embed in batches)."""
@@ -63,7 +69,7 @@ class Router:
         t2 = time.perf_counter()
         top1 = float(s[0])
         margin = float(s[0] - s[1]) if len(s) > 1 else 1.0
-        cands = [(self.tools[i].name, float(v), None) for v, i in zip(s, ids)]
+        cands = [(self.tools[i].name, float(v), None, None) for v, i in zip(s, ids)]
         timings = {"embed_ms": (t1 - t0) * 1e3, "scan_ms": (t2 - t1) * 1e3, "rerank_ms": 0.0}
         if self.mode == "embed":
             tool, path = cands[0][0], "auto"
@@ -71,12 +77,15 @@ class Router:
             tool, path = None, "none"
         elif self.mode == "gate" and margin > self.gate.tau:
             tool, path = cands[0][0], "auto"
-        elif self.reranker is None:  # below tau with no reranker: the scan's order stands
-            tool, path = cands[0][0], "rerank"
-        else:
-            logits = self.reranker.score(query, [self._texts[i] for i in ids])
-            cands = [(n, v, float(lg)) for (n, v, _), lg in zip(cands, logits)]
-            tool, path = cands[int(np.argmax(logits + self.gate.rerank_weight * s))][0], "rerank"
+        else:  # fused order: cosine + lex_weight * BM25 / max BM25 (+ ce_weight * cross-encoder logit)
+            lex = self.lexical.scores(query, ids)
+            logits = None
+            if self.reranker is not None and self.gate.ce_weight > 0:
+                logits = self.reranker.score(query, [self._texts[i] for i in ids])
+            cands = [(n, v, None if logits is None else float(logits[j]), float(lex[j]))
+                     for j, (n, v, _, _) in enumerate(cands)]
+            fused = fused_scores(s, lex, logits, self.gate.lex_weight, self.gate.ce_weight)
+            tool, path = cands[int(np.argmax(fused))][0], "rerank"
             timings["rerank_ms"] = (time.perf_counter() - t2) * 1e3
         timings["total_ms"] = (time.perf_counter() - t0) * 1e3
         return RouteDecision(tool, top1, margin, path, cands, timings)

@@ -63,8 +63,8 @@ def read_labelled(path: str | Path) -> list[tuple[str, str]]:
 
 def calibrate(tools: list[ToolEntry], labelled: list[tuple[str, str]], embedder: Embedder, path: Path,
               target: float = 0.97, floor_recall: float = 0.98, k: int = 10, seed: int = 0) -> dict:
-    """Fit tau and the floor on labelled queries (default: synthesized from the tools) and store them in the
-    buffer header. Returns the calibration with the auto-route rate and precision it yields on that set."""
+    """Fit tau, the floor and the fusion weights (lex_weight, ce_weight; ce_weight 0 without a trained
+    reranker) on labelled queries (default: synthesized from the tools) and store them in the buffer header. Returns the calibration with the auto-route rate and precision it yields on that set."""
     buf = SLBuffer(path, model_id=embedder.model_id)
     names = list(buf.names)
     pos = {n: i for i, n in enumerate(names)}
@@ -85,23 +85,35 @@ def calibrate(tools: list[ToolEntry], labelled: list[tuple[str, str]], embedder:
            "target": target, "queries": len(labelled), "tools": len(names)}
     cal.update(gate_stats(margins, correct, cal["tau"]))
     rr_dir = default_reranker_dir(tools, embedder.config.recipe)
-    if rr_dir.is_dir():  # fit how much the reranked order keeps of the cosine (see gate.pick_rerank_weight)
-        cal["rerank_weight"] = _fit_rerank_weight(Reranker(rr_dir), buf, tools, labelled, qv, gold, k)
+    rr = Reranker(rr_dir) if rr_dir.is_dir() else None
+    cal["lex_weight"], cal["ce_weight"] = _fit_fusion_weights(rr, buf, tools, labelled, qv, gold, k,
+                                                              embedder.config.recipe)
     data = buf.data()
     data.calibration = cal
     write_buffer(path, data)
     return cal
 
 
-def _fit_rerank_weight(rr: Reranker, buf: SLBuffer, tools, labelled, qv, gold, k: int, limit: int = 300) -> float:
-    from slb.gate import pick_rerank_weight
+def _fit_fusion_weights(rr: Reranker | None, buf: SLBuffer, tools, labelled, qv, gold, k: int, recipe: str,
+                        limit: int = 300) -> tuple[float, float]:
+    """lex_weight and ce_weight (gate.pick_fusion_weights) on at most `limit` labelled queries; ce_weight 0
+    without a trained cross-encoder."""
+    from slb.gate import pick_fusion_weights
+    from slb.lexical import LexicalIndex
     from slb.tools import tool_text
 
-    texts = {t.name: tool_text(t, rr.meta["recipe"] if rr.meta else "name_desc_params") for t in tools}
+    by_name = {t.name: t for t in tools}
+    texts = [tool_text(by_name[n], recipe) for n in buf.names]
+    lexical = LexicalIndex(texts)
     s, ids = buf.index.scan_batch(qv[:limit], k=k)
-    logits = np.stack([rr.score(q, [texts[buf.names[i]] for i in row]) for (q, _), row in zip(labelled[:limit], ids)])
+    lex = np.stack([lexical.scores(q, row) for (q, _), row in zip(labelled[:limit], ids)])
+    logits = None
+    if rr is not None:
+        rtexts = texts if (rr.meta or {}).get("recipe", recipe) == recipe else \
+            [tool_text(by_name[n], rr.meta["recipe"]) for n in buf.names]
+        logits = np.stack([rr.score(q, [rtexts[i] for i in row]) for (q, _), row in zip(labelled[:limit], ids)])
     pos = np.array([int(np.flatnonzero(row == g)[0]) if g in row else -1 for row, g in zip(ids, gold[:limit])])
-    return pick_rerank_weight(s, logits, pos)
+    return pick_fusion_weights(s, lex, logits, pos)
 
 
 def default_reranker_dir(tools: list[ToolEntry], recipe: str) -> Path:
@@ -131,8 +143,7 @@ def open_router(mode: str = "gate", reranker: str | None = None, config: Embedde
         raise ValueError(f"the buffer names tools the registry no longer has ({missing[:3]}): run `nexus slb build`")
     entries = [by_name[n] for n in buf.names]
     cal = buf.calibration
-    gate = GateConfig(cal.get("tau", GateConfig.tau), cal.get("floor", GateConfig.floor), cal.get("k", GateConfig.k),
-                      cal.get("rerank_weight", GateConfig.rerank_weight))
+    gate = GateConfig.from_calibration(cal)
     rr = None
     rr_dir = Path(reranker) if reranker else default_reranker_dir(entries, embedder.config.recipe)
     if reranker or rr_dir.is_dir():

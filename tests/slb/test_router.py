@@ -69,10 +69,14 @@ def test_tiny_reranker_trains_saves_reloads_and_reranks(tmp_path, buffer, embedd
     texts = [Router(embedder, buffer.index, tools)._texts[i] for i in range(len(tools))]
     s = rr.score("What is the area of a triangle with base 4 and height 3?", texts)
     assert s.shape == (12,) and int(np.argmax(s)) == 2  # 25 steps already learn the easy case
-    d = Router(embedder, buffer.index, tools, GateConfig(tau=2.0, floor=-1.0, k=4), rr).route(
+    d = Router(embedder, buffer.index, tools, GateConfig(tau=2.0, floor=-1.0, k=4, ce_weight=1.0), rr).route(
         "What is the area of a triangle with base 4 and height 3?")
     assert d.path == "rerank" and d.tool == "calc.triangle_area"
-    assert all(c[2] is not None for c in d.candidates) and len(d.candidates) == 4
+    assert all(c[2] is not None and c[3] is not None for c in d.candidates) and len(d.candidates) == 4
+    # ce_weight 0: the cross-encoder is not called even when one is loaded
+    d = Router(embedder, buffer.index, tools, GateConfig(tau=2.0, floor=-1.0, k=4, ce_weight=0.0), rr).route(
+        "What is the area of a triangle with base 4 and height 3?")
+    assert d.tool == "calc.triangle_area" and all(c[2] is None for c in d.candidates)
 
 
 @pytest.mark.slow
@@ -98,10 +102,11 @@ def test_cli_build_train_calibrate_route(nexus_home, capsys):
     out = capsys.readouterr().out
     assert "tau=" in out and "on 12 queries" in out
     cal = SLBuffer(nexus_home / "slb" / "buffer.slb").calibration
-    assert cal["queries"] == 12 and 0 <= cal["tau"] <= 2 and "rerank_weight" in cal
+    assert cal["queries"] == 12 and 0 <= cal["tau"] <= 2 and cal["lex_weight"] >= 0 and cal["ce_weight"] >= 0
     assert main(["route", "--json", "--mode", "rerank", "Convert 100 dollars to yen"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["path"] == "rerank" and all(c[2] is not None for c in d["candidates"])
+    assert d["path"] == "rerank" and all(c[3] is not None for c in d["candidates"])  # BM25 of every candidate
+    assert all((c[2] is not None) == (cal["ce_weight"] > 0) for c in d["candidates"])  # CE only when weighted
     assert main(["route", "--json", "Convert 100 dollars to yen"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["tool"] == "convert_currency" and d["path"] in ("auto", "rerank")

@@ -130,9 +130,10 @@ def table_routing(r: dict) -> str:
         v = s.get("none_precision")
         return "—" if v is None or v != v else _pct(v)
 
-    return _table(["tools", "top-1 float32", "top-1 INT8", "top-1 routed", "auto-routed", "auto precision",
-                   "irrelevant → none", "route p50 (ms)"],
-                  [[n, _pct(s["top1_embed"]), _pct(s["top1_int8"]), _pct(s["top1_routed"]), _pct(s["auto_rate"]),
+    return _table(["tools", "top-1 float32", "top-1 INT8", "top-1 routed", "top-1 routed (no CE)", "auto-routed",
+                   "auto precision", "irrelevant → none", "route p50 (ms)"],
+                  [[n, _pct(s["top1_embed"]), _pct(s["top1_int8"]), _pct(s["top1_routed"]),
+                    _pct(s.get("top1_routed_lex")), _pct(s["auto_rate"]),
                     _pct(s["auto_precision"]), none_precision(s), s["route_ms_p50"]]
                    for n, s in sorted(r["sizes"].items(), key=lambda kv: int(kv[0]))])
 

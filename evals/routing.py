@@ -7,11 +7,17 @@ by gold tool: each fold is scored with thresholds fitted on the other). The rera
 synthesized from the catalogue (plus calibration queries disjoint from the scored ones), never on scored
 queries, and reused from the Nexus home when it matches. When cross-fitting, one reranker is trained per
 fold, on the synthesized queries plus the other fold's labelled queries, and scores only its own fold.
+
+Below tau the candidates are ordered by cosine + lex_weight · BM25/max BM25 (IDF over the query's registry,
+slb.lexical) + ce_weight · cross-encoder logit; both weights are fitted (gate.pick_fusion_weights) at one size
+on calibration queries or the other fold. top1_routed_lex is the same gate with ce_weight 0 (lexical only).
+Every column of a size scores each query on one registry (the same sample for embed, INT8 and routing).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import time
@@ -59,7 +65,7 @@ def _registry(rng, n_cat: int, gold: int | None, size: int):
 
 
 def _scan_all(qv, golds, f32, m8, sc, size, seed, k):
-    """Per query: registry indices, float top-1, int8 top-k scores/ids (catalogue ids)."""
+    """Per query: float top-1, int8 top-k scores/ids (catalogue ids), registry indices (gold first)."""
     import numpy as np
 
     from slb.scan import scan
@@ -70,25 +76,32 @@ def _scan_all(qv, golds, f32, m8, sc, size, seed, k):
         idx = _registry(rng, len(f32), g, size)
         top_f = int(idx[int(np.argmax(f32[idx] @ q))])
         s, ids = scan(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx]), q, k)
-        out.append((top_f, s, idx[ids]))
+        out.append((top_f, s, idx[ids], idx))
     return out
 
 
-def _fit_weight(rr, texts, qtexts, qv, golds, f32, m8, sc, size, seed, k, limit=300) -> float:
-    """rerank_weight fitted on (at most `limit`) calibration queries at registry size `size`."""
+def _fit_weights(rr, texts, lexical, qtexts, qv, golds, f32, m8, sc, size, seed, k, limit=2000) -> dict:
+    """Fusion weights fitted on (at most `limit`) calibration queries at registry size `size`:
+    {"lex_weight", "ce_weight"} (with the cross-encoder, when there is one) and "lex_only" (ce_weight 0)."""
     import numpy as np
 
-    from slb.gate import pick_rerank_weight
+    from slb.gate import pick_fusion_weights
 
-    if rr is None or len(qtexts) == 0:
-        return 0.0
+    if len(qtexts) == 0:
+        return {"lex_weight": 0.0, "ce_weight": 0.0, "lex_only": 0.0}
     sel = np.random.default_rng(seed).permutation(len(qtexts))[:limit]
     res = _scan_all(qv[sel], golds[sel], f32, m8, sc, size, seed + 104729, k)
     k_eff = min(len(r[1]) for r in res)
     cos = np.stack([r[1][:k_eff] for r in res])
-    logits = np.stack([rr.score(qtexts[j], [texts[i] for i in r[2][:k_eff]]) for j, r in zip(sel, res)])
+    lex = np.stack([lexical.subset(r[3]).scores(qtexts[j], [int(np.flatnonzero(r[3] == c)[0]) for c in r[2][:k_eff]])
+                    for j, r in zip(sel, res)])
     gold = np.array([int(np.flatnonzero(r[2][:k_eff] == g)[0]) if g in r[2][:k_eff] else -1 for r, g in zip(res, golds[sel])])
-    return pick_rerank_weight(cos, logits, gold)
+    lex_only = pick_fusion_weights(cos, lex, None, gold)[0]
+    if rr is None:
+        return {"lex_weight": lex_only, "ce_weight": 0.0, "lex_only": lex_only}
+    logits = np.stack([rr.score(qtexts[j], [texts[i] for i in r[2][:k_eff]]) for j, r in zip(sel, res)])
+    w, c = pick_fusion_weights(cos, lex, logits, gold)
+    return {"lex_weight": w, "ce_weight": c, "lex_only": lex_only}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -99,8 +112,6 @@ def run(args: argparse.Namespace) -> dict:
     from slb.embedder import Embedder, EmbedderConfig
     from slb.gate import GateConfig, gate_stats, pick_floor, pick_tau
     from slb.reranker import Reranker, registry_fingerprint
-    from slb.index import ScanIndex
-    from slb.router import Router
     from slb.scan import scan
     from slb.tools import as_entry
     from nexus_agent.atomic import write_atomic
@@ -152,23 +163,25 @@ def run(args: argparse.Namespace) -> dict:
     loaded = {p: Reranker(p) for p in set(rr_paths.values())}
     rr = {f: loaded[rr_paths[f]] if rr_paths else None for f in (0, 1)}
 
-    # rerank_weight: fitted once at the largest size <= 250 on calibration queries (per fold when cross-fitting)
+    # fusion weights: fitted once at the largest size <= 250 on calibration queries (per fold when cross-fitting)
+    from slb.lexical import LexicalIndex
     from slb.tools import tool_text
 
     texts = [tool_text(t, args.recipe) for t in tools]
+    lexical = LexicalIndex(texts)  # per-tool term counts once; each registry is a subset (IDF over its tools)
     fit_size = max([s for s in sizes if s <= 250] or sizes[:1])
     if cross_fit:
         qtexts = [q["query"] for q in scored]
-        weights = {f: _fit_weight(rr[f], texts, [qtexts[i] for i in np.flatnonzero(folds != f)], qv[folds != f],
-                                  golds[folds != f], f32, m8, sc, fit_size, args.seed + f, args.k) for f in (0, 1)}
+        weights = {f: _fit_weights(rr[f], texts, lexical, [qtexts[i] for i in np.flatnonzero(folds != f)], qv[folds != f],
+                                   golds[folds != f], f32, m8, sc, fit_size, args.seed + f, args.k) for f in (0, 1)}
     else:
-        w = _fit_weight(rr[0], texts, [q["query"] for q in calib], cv, cgolds, f32, m8, sc, fit_size, args.seed, args.k)
+        w = _fit_weights(rr[0], texts, lexical, [q["query"] for q in calib], cv, cgolds, f32, m8, sc, fit_size, args.seed, args.k)
         weights = {0: w, 1: w}
-    result = {"sizes": {}, "rerank_weight": weights, "queries": len(scored), "irrelevant": len(irr), "calib_queries": len(calib),
+    result = {"sizes": {}, "fusion_weights": weights, "fit_size": fit_size, "queries": len(scored), "irrelevant": len(irr), "calib_queries": len(calib),
               "cross_fit": cross_fit, "recipe": args.recipe, "seed": args.seed, "target": args.target,
               "reranker": {f: str(p) for f, p in rr_paths.items()} or None, "reranker_train_s": train_s, "embed_catalogue_s": embed_tools_s,
               "catalogue": len(tools)}
-    print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'auto%':>6} {'autoP':>6} {'none%':>6} {'p50ms':>7} {'tau':>6} {'floor':>6}")
+    print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'lexonly':>7} {'auto%':>6} {'autoP':>6} {'none%':>6} {'p50ms':>7} {'tau':>6} {'floor':>6}")
     for size in sizes:
         res = _scan_all(qv, golds, f32, m8, sc, size, args.seed + size, args.k)
         top1_f = np.array([r[0] for r in res]) == golds
@@ -181,24 +194,22 @@ def run(args: argparse.Namespace) -> dict:
             for f in (0, 1):
                 o = folds != f
                 gates[f] = GateConfig(pick_tau(margins[o], top1_8[o], args.target), pick_floor(top1s[o], args.floor_recall),
-                                      args.k, weights[f])
+                                      args.k, weights[f]["lex_weight"], weights[f]["ce_weight"])
             gate_of = [gates[f] for f in folds]
         else:
             cres = _scan_all(cv, cgolds, f32, m8, sc, size, args.seed + 7919 + size, args.k)
             cm = np.array([r[1][0] - r[1][1] for r in cres])
             cc = np.array([r[2][0] for r in cres]) == cgolds
             g = GateConfig(pick_tau(cm, cc, args.target), pick_floor(np.array([r[1][0] for r in cres]), args.floor_recall),
-                           args.k, weights[0])
+                           args.k, weights[0]["lex_weight"], weights[0]["ce_weight"])
             gate_of = [g] * len(scored)
-        rng = np.random.default_rng(args.seed + 31 * size)
-        routed, paths, lat = [], [], []
-        for q, v, g, gate, f in zip(scored, qv, golds, gate_of, folds):
-            idx = _registry(rng, len(tools), g, size)
-            router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])), [tools[i] for i in idx], gate, rr[f])
-            d = router.route(q["query"], v)
-            routed.append(d.tool == names[g])
-            paths.append(d.path)
-            lat.append(d.timings["total_ms"])
+        # routed on the very registries the embed / INT8 columns were scored on (res[i][3])
+        routed, paths, lat = _route_all(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, m8, sc, lexical)
+        lex_gates = [dataclasses.replace(gg, lex_weight=weights[f]["lex_only"], ce_weight=0.0) for gg, f in zip(gate_of, folds)]
+        if all(a == b for a, b in zip(lex_gates, gate_of)):  # fitted ce_weight 0 and the same lex weight: identical
+            routed_lex, lat_lex = routed, lat
+        else:
+            routed_lex, _, lat_lex = _route_all(emb, scored, qv, golds, res, lex_gates, folds, rr, tools, names, m8, sc, lexical)
         paths = np.array(paths)
         auto = paths == "auto"
         none_prec = None
@@ -213,15 +224,17 @@ def run(args: argparse.Namespace) -> dict:
             none_prec = nn / len(irr)
         row = {
             "top1_embed": float(top1_f.mean()), "top1_int8": float(top1_8.mean()), "top1_routed": float(np.mean(routed)),
+            "top1_routed_lex": float(np.mean(routed_lex)),
             "auto_rate": float(auto.mean()), "auto_precision": float(np.array(routed)[auto].mean()) if auto.any() else None,
             "rerank_rate": float((paths == "rerank").mean()), "none_rate_relevant": float((paths == "none").mean()),
             "none_precision": none_prec, "route_ms_p50": float(np.percentile(lat, 50)),
             "route_ms_p99": float(np.percentile(lat, 99)),
+            "route_ms_p50_lex": float(np.percentile(lat_lex, 50)), "route_ms_p99_lex": float(np.percentile(lat_lex, 99)),
             "tau": float(np.mean([gg.tau for gg in gate_of])), "floor": float(np.mean([gg.floor for gg in gate_of])),
             "gate_stats_int8": gate_stats(margins, top1_8, float(np.mean([gg.tau for gg in gate_of]))),
         }
         result["sizes"][str(size)] = row
-        print(f"{size:>6} {row['top1_embed']:7.3f} {row['top1_int8']:7.3f} {row['top1_routed']:7.3f} {row['auto_rate']*100:6.1f} "
+        print(f"{size:>6} {row['top1_embed']:7.3f} {row['top1_int8']:7.3f} {row['top1_routed']:7.3f} {row['top1_routed_lex']:7.3f} {row['auto_rate']*100:6.1f} "
               f"{(row['auto_precision'] or 0):6.3f} {(none_prec if none_prec is not None else float('nan'))*100:6.1f} "
               f"{row['route_ms_p50']:7.2f} {row['tau']:6.3f} {row['floor']:6.3f}")
     _embed_latency(emb, scored, result)
@@ -230,6 +243,25 @@ def run(args: argparse.Namespace) -> dict:
         _plot(result, plot)
         result["plot"] = plot
     return result
+
+
+def _route_all(emb, scored, qv, golds, res, gates, folds, rr, tools, names, m8, sc, lexical):
+    """Route every scored query over its registry res[i][3]: (correct, paths, total ms) lists."""
+    import numpy as np
+
+    from slb.index import ScanIndex
+    from slb.router import Router
+
+    routed, paths, lat = [], [], []
+    for q, v, g, r, gate, f in zip(scored, qv, golds, res, gates, folds):
+        idx = r[3]
+        router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])), [tools[i] for i in idx],
+                        gate, rr[f], lexical=lexical.subset(idx))
+        d = router.route(q["query"], v)
+        routed.append(d.tool == names[g])
+        paths.append(d.path)
+        lat.append(d.timings["total_ms"])
+    return routed, paths, lat
 
 
 def _train_rerankers(tools, emb, labelled: dict, args) -> tuple[dict, float | None]:
@@ -269,7 +301,10 @@ def _plot(result: dict, path: str) -> None:
     sizes = sorted(int(s) for s in result["sizes"])
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label, style in (("top1_embed", "embedding float32", "-"), ("top1_int8", "embedding INT8", "--"),
-                              ("top1_routed", "gated + reranked", "-")):
+                              ("top1_routed", "gated + reranked (fitted)", "-"),
+                              ("top1_routed_lex", "gated + cosine/BM25 (no cross-encoder)", ":")):
+        if any(key not in result["sizes"][str(s)] for s in sizes):
+            continue
         ax.plot(sizes, [result["sizes"][str(s)][key] * 100 for s in sizes], style, marker="o", label=label)
     ax.set_xscale("log")
     ax.set_xlabel("registry size (tools)")

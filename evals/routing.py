@@ -165,10 +165,10 @@ def run(args: argparse.Namespace) -> dict:
 
     # fusion weights: fitted once at the largest size <= 250 on calibration queries (per fold when cross-fitting)
     from slb.lexical import LexicalIndex
-    from slb.tools import tool_text
+    from slb.tools import lexical_text, tool_text
 
     texts = [tool_text(t, args.recipe) for t in tools]
-    lexical = LexicalIndex(texts)  # per-tool term counts once; each registry is a subset (IDF over its tools)
+    lexical = LexicalIndex([lexical_text(t) for t in tools])  # per-tool term counts once; each registry is a subset (IDF over its tools)
     fit_size = max([s for s in sizes if s <= 250] or sizes[:1])
     if cross_fit:
         qtexts = [q["query"] for q in scored]

@@ -12,7 +12,7 @@ from slb.gate import GateConfig, fused_scores
 from slb.index import ScanIndex
 from slb.lexical import LexicalIndex
 from slb.reranker import Reranker
-from slb.tools import ToolEntry, tool_text
+from slb.tools import ToolEntry, lexical_text, tool_text
 
 PATHS = ("auto", "rerank", "none")
 
@@ -57,7 +57,7 @@ class Router:
         self._texts = [tool_text(t, embedder.config.recipe) for t in tools]
         if lexical is not None and len(lexical) != len(tools):
             raise ValueError(f"lexical index of {len(lexical)} rows for {len(tools)} tools")
-        self.lexical = lexical if lexical is not None else LexicalIndex(self._texts)
+        self.lexical = lexical if lexical is not None else LexicalIndex([lexical_text(t) for t in tools])
 
     def route(self, query: str, qvec: np.ndarray | None = None) -> RouteDecision:
         """Decide for one query; `qvec` (D,) float32 skips the embedding (evals embed in batches)."""

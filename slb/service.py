@@ -100,11 +100,11 @@ def _fit_fusion_weights(rr: Reranker | None, buf: SLBuffer, tools, labelled, qv,
     without a trained cross-encoder."""
     from slb.gate import pick_fusion_weights
     from slb.lexical import LexicalIndex
-    from slb.tools import tool_text
+    from slb.tools import lexical_text, tool_text
 
     by_name = {t.name: t for t in tools}
     texts = [tool_text(by_name[n], recipe) for n in buf.names]
-    lexical = LexicalIndex(texts)
+    lexical = LexicalIndex([lexical_text(by_name[n]) for n in buf.names])
     s, ids = buf.index.scan_batch(qv[:limit], k=k)
     lex = np.stack([lexical.scores(q, row) for (q, _), row in zip(labelled[:limit], ids)])
     logits = None

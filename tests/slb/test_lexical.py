@@ -106,3 +106,19 @@ def test_calibrate_stores_fusion_weights_and_open_router_uses_them(nexus_home, e
     assert "rerank_weight" not in stored
     r = open_router(tools=tools)
     assert r.gate.lex_weight == cal["lex_weight"] and r.gate.tau == cal["tau"] and r.reranker is None
+
+
+def test_lexical_text_reads_the_whole_schema(catalogue):
+    from slb.tools import ToolEntry, lexical_text
+
+    t = ToolEntry("book_seat", "Reserve a seat.", {"type": "object", "properties": {
+        "cabin": {"type": "string", "description": "Travel class of the ticket", "enum": ["Economy", "Business"]},
+        "passenger": {"type": "object", "properties": {"frequent_flyer_id": {"type": "string"}}},
+        "legs": {"type": "array", "items": {"type": "object", "properties": {"airport_code": {"type": "string"}}}}}})
+    words = set(terms(lexical_text(t)))
+    assert set(terms("book seat reserve cabin travel class economy business passenger frequent flyer legs "
+                     "airport code")) <= words
+    assert not {"economy", "travel", "airport"} & set(terms(tool_text(t)))  # the embedded text has none of these
+    # a query naming an enum value matches it only through the schema text; the router indexes that text
+    ix = LexicalIndex([lexical_text(t), lexical_text(catalogue["book_flight"])])
+    assert ix.scores("a business class seat please", [0, 1])[0] > 0

@@ -51,7 +51,7 @@ def replay(cap: Capture, policy: Policy, budget: float, steps: int = 6, block: i
     pos = np.arange(n)
     prot = protected_mask(pos, n, sinks, recent)
     k_blocks = max(0, (int(round(budget * n)) - int(prot.sum())) // block)
-    ids = block_ids(n, prot, block)
+    ids = block_ids(pos, prot, block, offset=sinks)
     cert_heads = list(range(0, H, 4))
     errs, certs, kept = np.zeros((L, H, steps)), np.zeros((L, len(cert_heads), steps)), np.zeros((L, hkv, n), bool)
     for li in range(L):

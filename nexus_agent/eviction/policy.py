@@ -48,20 +48,11 @@ class Observation:
         return per_query_head.reshape(h // self.group, self.group, *per_query_head.shape[1:]).mean(1)
 
 
-def block_ids(n: int, protected: np.ndarray, block: int) -> np.ndarray:
-    """Block index of each of the N slots (-1 for protected slots); unprotected slots are cut in slot order."""
-    ids = np.full(n, -1, dtype=np.int64)
-    free = np.nonzero(~protected)[0]
-    ids[free] = np.arange(len(free)) // block
-    return ids
-
-
-def position_block_ids(positions: np.ndarray, protected: np.ndarray, block: int, offset: int = 0) -> np.ndarray:
-    """Like `block_ids`, but blocks are cut by absolute position: the free slots with the same
-    (position - offset) // block form one block (-1 for protected slots), numbered 0.. in position order.
-    Over repeated evictions a kept block stays one block (a kept partial block is completed by its later
-    tokens instead of shifting every later cut); on one contiguous prefill with offset = the sink count it
-    equals `block_ids`."""
+def block_ids(positions: np.ndarray, protected: np.ndarray, block: int, offset: int = 0) -> np.ndarray:
+    """Block index of each slot (-1 for protected slots): the free slots with the same (position - offset) //
+    block form one block, numbered 0.. in position order. Cut by absolute position, so over repeated evictions
+    a kept block stays one block (a kept partial block is completed by its later tokens instead of shifting
+    every later cut); on one contiguous prefill with offset = the sink count, free slots are cut in slot order."""
     ids = np.full(len(positions), -1, dtype=np.int64)
     free = np.nonzero(~protected)[0]
     if len(free):

@@ -22,7 +22,7 @@ from threadpoolctl import threadpool_limits
 
 from nexus_agent.eviction.certificate import aggregate, certify_cell
 from nexus_agent.eviction.config import EvictionConfig
-from nexus_agent.eviction.policy import Observation, Policy, position_block_ids, protected_mask
+from nexus_agent.eviction.policy import Observation, Policy, block_ids, protected_mask
 from nexus_agent.eviction.spill import SpillFile
 
 
@@ -156,7 +156,7 @@ class EvictingSession:
         sinks = max(c.sinks, c.block) if self.policy.sink_block else c.sinks
         protected = protected_mask(pos, self.n_past, sinks, c.recent)
         k_blocks = max(0, (self.budget - int(protected.sum())) // c.block)
-        ids = position_block_ids(pos, protected, c.block, offset=sinks)
+        ids = block_ids(pos, protected, c.block, offset=sinks)
         agg = np.zeros(n)
         for li, layer in enumerate(cache.layers):
             k, v = layer.view()

@@ -8,7 +8,7 @@ import pytest
 from nexus_agent.eviction import EvictionConfig, make_policy
 from nexus_agent.eviction.certificate import certify_cell
 from nexus_agent.eviction.policies.certified import inclusion_probabilities, systematic_sample
-from nexus_agent.eviction.policy import block_ids, position_block_ids
+from nexus_agent.eviction.policy import block_ids
 
 
 @pytest.mark.parametrize("bad", [dict(budget=0.0), dict(budget=1.5), dict(budget=10), dict(block=0), dict(budget="x")])
@@ -43,7 +43,7 @@ def test_reservoir_limits():
     rng = np.random.default_rng(0)
     scores = rng.random((1, 64))
     prot = np.zeros(64, bool)
-    ids = block_ids(64, prot, 8)
+    ids = block_ids(np.arange(64), prot, 8)
     top = make_policy("reservoir", n=None).select(scores, prot, 3, ids, rng)[0]
     det = make_policy("certified", mode="topk").select(scores, prot, 3, ids, rng)[0]
     np.testing.assert_array_equal(top, det)  # n -> inf is deterministic top-K
@@ -54,7 +54,7 @@ def test_reservoir_limits():
 def test_reservoir_given_uniforms_is_a_function_of_them():
     rng = np.random.default_rng(1)
     scores, prot = rng.random((1, 64)), np.zeros(64, bool)
-    ids = block_ids(64, prot, 8)
+    ids = block_ids(np.arange(64), prot, 8)
     u = rng.random((5, 1, 8))
     pol = make_policy("reservoir", n=5)
     a = pol.select(scores, prot, 3, ids, np.random.default_rng(2), u=u)[0]
@@ -63,15 +63,16 @@ def test_reservoir_given_uniforms_is_a_function_of_them():
     assert a.sum() == b.sum() == 24
 
 
-def test_position_block_ids_cut_by_position():
+def test_block_ids_cut_by_position():
     pos = np.array([0, 1, 2, 3, 8, 9, 10, 11, 20, 21, 22, 23])
     prot = np.zeros(12, bool)
     prot[:2] = True
-    ids = position_block_ids(pos, prot, 4)  # blocks [0, 4), [8, 12), [20, 24); the first one partly protected
+    ids = block_ids(pos, prot, 4)  # blocks [0, 4), [8, 12), [20, 24); the first one partly protected
     np.testing.assert_array_equal(ids, [-1, -1, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
     contiguous = np.arange(40)
     prot = contiguous < 4
-    np.testing.assert_array_equal(position_block_ids(contiguous, prot, 8, offset=4), block_ids(40, prot, 8))
+    expected = [-1] * 4 + [i for i in range(5) for _ in range(8)][:36]  # free slots cut in slot order
+    np.testing.assert_array_equal(block_ids(contiguous, prot, 8, offset=4), expected)
 
 
 def test_certificate_zero_without_sampling_and_positive_with():

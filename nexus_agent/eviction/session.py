@@ -16,8 +16,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
+
+import native  # noqa: F401  (first: MLX must bind its BLAS symbols to OpenBLAS, see native.blas)
+import mlx.core as mx  # noqa: E402
 from threadpoolctl import threadpool_limits
 
 from nexus_agent.eviction.certificate import aggregate, certify_cell

@@ -3,11 +3,11 @@
 import json
 import struct
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
-from native import ModelError, load_backend
+from native import ModelError, load_backend  # first: it points MLX at OpenBLAS (native.blas)
+import mlx.core as mx  # noqa: E402
 from native.model_files import default_model_path
 
 

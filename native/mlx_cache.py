@@ -4,7 +4,7 @@ Keys are rotated at their absolute positions when written, so dropping some keys
 a recalled key needs no re-rotation. The cache builds the attention mask from positions (a query at position p
 sees keys at positions <= p) plus the additive bias; while no bias is set and every cached key precedes the new
 tokens (slot order need not match position order) that mask is the bottom-right "causal" one and no array is
-built. Shapes: Hkv key/value heads, S used slots, D head dim, L layers.
+built; with a bias, a one-token decode step reuses the bias row kept in MLX between steps. Shapes: Hkv key/value heads, S used slots, D head dim, L layers.
 """
 
 from __future__ import annotations
@@ -28,7 +28,16 @@ class LayerKV:
         self.values: mx.array | None = None
         self.length = 0
         self.positions = np.zeros(0, dtype=np.int64)
-        self.bias: np.ndarray | None = None  # (Hkv, S) float32, additive logit bias; None = all zero
+        self._bias: np.ndarray | None = None  # (Hkv, S) float32, additive logit bias; None = all zero
+        self._bias_row: mx.array | None = None  # (1, H, 1, capacity) the bias per query head, zero past length
+
+    @property
+    def bias(self) -> np.ndarray | None:
+        return self._bias
+
+    @bias.setter
+    def bias(self, bias: np.ndarray | None) -> None:
+        self._bias, self._bias_row = bias, None
 
     # -- storage -------------------------------------------------------------------------------------------
     def _reserve(self, n_new: int, dtype) -> None:
@@ -37,6 +46,7 @@ class LayerKV:
         if need <= cap:
             return
         new_cap = (need + _STEP - 1) // _STEP * _STEP
+        self._bias_row = None  # sized to the capacity
         shape = (1, self.n_kv_heads, new_cap, self.head_dim)
         k, v = mx.zeros(shape, dtype), mx.zeros(shape, dtype)
         if self.length:
@@ -50,27 +60,32 @@ class LayerKV:
         self._reserve(t, k.dtype)
         self.keys[..., self.length : self.length + t, :] = k
         self.values[..., self.length : self.length + t, :] = v
-        if bias is not None or self.bias is not None:
-            old = self.bias if self.bias is not None else np.zeros((self.n_kv_heads, self.length), np.float32)
+        if bias is not None or self._bias is not None:
+            old = self._bias if self._bias is not None else np.zeros((self.n_kv_heads, self.length), np.float32)
             new = bias if bias is not None else np.zeros((self.n_kv_heads, t), np.float32)
-            self.bias = np.concatenate([old, new.astype(np.float32)], axis=1)
+            self._bias = np.concatenate([old, new.astype(np.float32)], axis=1)
+            if bias is not None:  # the cached row holds zeros past the old length
+                self._bias_row = None
         self.positions = np.concatenate([self.positions, np.asarray(positions, dtype=np.int64)])
         self.length += t
 
-    def keep(self, slots: np.ndarray) -> None:
-        """Compact the cache to the given slot indices (in order); memory shrinks to fit."""
+    def keep(self, slots: np.ndarray, idx: mx.array | None = None) -> None:
+        """Compact the cache to the given slot indices (in order); memory shrinks to fit. Lazy: the new storage
+        is computed at the next `mx.eval` (`KVCache.keep` evaluates all layers at once)."""
         slots = np.asarray(slots, dtype=np.int64)
-        idx = mx.array(slots.astype(np.int32))
-        k = mx.take(self.keys[..., : self.length, :], idx, axis=2)
-        v = mx.take(self.values[..., : self.length, :], idx, axis=2)
+        idx = mx.array(slots.astype(np.int32)) if idx is None else idx
         positions = self.positions[slots]
         bias = None if self.bias is None else self.bias[:, slots]
-        # Start from empty storage so the capacity is sized to what is kept: memory really shrinks.
-        self.keys = self.values = self.bias = None
-        self.length, self.positions = 0, np.zeros(0, dtype=np.int64)
-        if len(slots):
-            self.append(k, v, positions, bias)
-            mx.eval(self.keys, self.values)
+        if not len(slots):
+            self.keys = self.values = self.bias = None
+            self.length, self.positions = 0, np.zeros(0, dtype=np.int64)
+            return
+        # New storage sized to what is kept (rounded up to the growth step): memory really shrinks.
+        pad = (len(slots) + _STEP - 1) // _STEP * _STEP - len(slots)
+        zeros = mx.zeros((1, self.n_kv_heads, pad, self.head_dim), self.keys.dtype)
+        self.keys = mx.concatenate([mx.take(self.keys[..., : self.length, :], idx, axis=2), zeros], axis=2)
+        self.values = mx.concatenate([mx.take(self.values[..., : self.length, :], idx, axis=2), zeros], axis=2)
+        self.length, self.positions, self.bias = len(slots), positions, bias
 
     def truncate(self, n: int) -> None:
         """Drop the slots from n on (a rewind); the storage stays allocated for the next append."""
@@ -93,9 +108,20 @@ class LayerKV:
         if self.owner.query_hook is not None:
             self.owner.query_hook(self.index, q, qpos)
         keys, values = self.view()
-        if in_order and self.bias is None:
+        if in_order and self._bias is None:
             return keys, values, ("causal" if t > 1 else None)
+        if in_order and t == 1:  # one decode step sees every key: its mask is the bias alone
+            return keys, values, self.bias_row()
         return keys, values, self.mask(qpos)
+
+    def bias_row(self) -> mx.array:
+        """The bias as an additive mask (1, H, 1, S) for a query that sees every cached key; kept between decode
+        steps (new slots are zero), so a decode step with Hájek offsets builds no array (was ~1 ms per step)."""
+        if self._bias_row is None:
+            row = np.zeros((self.n_heads, self.keys.shape[2]), np.float32)
+            row[:, : self.length] = np.repeat(self._bias, self.n_heads // self.n_kv_heads, axis=0)
+            self._bias_row = mx.array(row[None, :, None, :])
+        return self._bias_row[..., : self.length]
 
     def mask(self, qpos: np.ndarray) -> mx.array:
         """Additive float mask (1, H or 1, T, S): 0 where key position <= query position, -inf elsewhere, + bias."""
@@ -141,8 +167,10 @@ class KVCache:
         return np.nonzero((pos >= start) & (pos < end))[0]
 
     def keep(self, slots: np.ndarray) -> None:
+        idx = mx.array(np.asarray(slots, dtype=np.int32))
         for layer in self.layers:
-            layer.keep(slots)
+            layer.keep(slots, idx)
+        mx.eval(*self.arrays())  # one evaluation for all layers (an eval per layer cost ~1 ms each at 4k)
 
     def truncate(self, n: int) -> None:
         for layer in self.layers:

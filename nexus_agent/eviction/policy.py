@@ -18,10 +18,11 @@ import numpy as np
 @dataclass
 class Observation:
     """One layer's cache as float32 NumPy: keys/values (Hkv, N, D) post-RoPE, positions (N,), queries (H, W, D)
-    post-RoPE at qpos (W,), h2o (Hkv, N) accumulated attention or None."""
+    post-RoPE at qpos (W,), h2o (Hkv, N) accumulated attention or None. The runtime cache passes values=None to
+    a policy that does not read them (`Policy.needs_values` False)."""
 
     keys: np.ndarray
-    values: np.ndarray
+    values: np.ndarray | None
     positions: np.ndarray
     queries: np.ndarray
     qpos: np.ndarray
@@ -84,6 +85,7 @@ class Policy:
 
     name = "base"
     needs_history = False  # True: the cache must accumulate attention of every query (H2O)
+    needs_values = False  # True: score() reads Observation.values (the runtime cache converts them only then)
     randomized = False  # True: select() returns π < 1 and the cache adds log(1/π) to kept keys
     evicts = True  # False: the cache never runs this policy (full)
     sink_block = False  # True: the runtime cache forces the whole first block, not only the sink tokens

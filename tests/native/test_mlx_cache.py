@@ -50,3 +50,36 @@ def test_query_hook_sees_every_layer(mlx_backend):
     assert [x[0] for x in seen] == list(range(mlx_backend.info.n_layers))
     assert seen[0][1] == (1, mlx_backend.info.n_heads, 1, mlx_backend.info.head_dim)
     assert seen[0][2] == (len(ids),)
+
+
+def test_decode_bias_row_matches_the_full_mask(mlx_backend):
+    """A one-token decode step with a bias reuses the bias row kept between steps (zero for new keys); it must
+    give the logits of a batched forward, whose mask is built per query, also after the row is invalidated by a
+    rewind, a new bias and a compaction."""
+    probe = mlx_backend.tokenizer.encode(" so the answer is")
+    rng = np.random.default_rng(0)
+    a, _ = _prefilled(mlx_backend)
+    b, _ = _prefilled(mlx_backend)
+
+    def set_bias():
+        bias = rng.uniform(0.0, 2.0, (a.cache.layers[0].n_kv_heads, a.cache.length)).astype(np.float32)
+        for s in (a, b):
+            for layer in s.cache.layers:
+                layer.bias = bias.copy()
+
+    def compare():
+        n0 = a.n_past
+        stepped = np.stack([a.decode(t) for t in probe])  # bias row, grown by one zero per step
+        batched = b.forward_logits(probe)  # (T, S) mask with the bias
+        np.testing.assert_allclose(stepped, batched, atol=2e-3, rtol=0)
+        for s in (a, b):
+            s.remove(n0, s.n_past)  # rewind: the row must not keep stale entries past the new length
+
+    set_bias()
+    compare()
+    compare()  # after a truncate
+    set_bias()
+    compare()  # a new bias
+    for s in (a, b):
+        s.remove(8, 20)  # compaction
+    compare()

@@ -160,13 +160,11 @@ class EvictingSession:
         k_blocks = max(0, (self.budget - int(protected.sum())) // c.block)
         ids = block_ids(pos, protected, c.block, offset=sinks)
         agg = np.zeros(n)
-        # all layers' keys (and values, when the policy reads them) in one conversion each
-        keys = np.array(mx.stack([layer.view()[0][0] for layer in cache.layers]).astype(mx.float32))
-        values = np.array(mx.stack([layer.view()[1][0] for layer in cache.layers]).astype(mx.float32)) \
-            if self.policy.needs_values else None
-        for li in range(len(cache.layers)):
+        for li, layer in enumerate(cache.layers):  # one layer at a time: float32 copies of one layer's cache only
+            k, v = layer.view()
             q, qp = self._window(li)
-            obs = Observation(keys[li], None if values is None else values[li], pos, q, qp,
+            obs = Observation(np.array(k[0].astype(mx.float32)),
+                              np.array(v[0].astype(mx.float32)) if self.policy.needs_values else None, pos, q, qp,
                               self.h2o[li] if self.policy.needs_history else None)
             s = self.policy.score(obs)
             s = s - s.min(1, keepdims=True)

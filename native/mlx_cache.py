@@ -4,7 +4,8 @@ Keys are rotated at their absolute positions when written, so dropping some keys
 a recalled key needs no re-rotation. The cache builds the attention mask from positions (a query at position p
 sees keys at positions <= p) plus the additive bias; while no bias is set and every cached key precedes the new
 tokens (slot order need not match position order) that mask is the bottom-right "causal" one and no array is
-built; with a bias, a one-token decode step reuses the bias row kept in MLX between steps. Shapes: Hkv key/value heads, S used slots, D head dim, L layers.
+built; with a bias, a one-token decode step reuses the bias row kept in MLX between steps.
+Shapes: Hkv key/value heads, S used slots, D head dim, L layers.
 """
 
 from __future__ import annotations

@@ -254,15 +254,10 @@ class EvictingSession:
         attended plainly. The recall budget is an allowance on top of the eviction budget, not cumulative: a
         previous recall is released first (`release`).
 
-        rank="attention" (default): windows of `block` (default 32) spilled positions centred on the spilled
-        keys that the last question and answer steps would attend to most (`_spilled_attention`), best key
-        first, until the allowance is full. It reads the spilled keys, not only the neighbours. A window centred on the peak keeps what the
-        question matched (a fact's name, its value) together with the tokens around it, wherever a block
-        boundary falls; aligned 64-token blocks summed over their keys held the asked fact's value in 26 of 41
-        cases, blocks scored by their best key in 31, centred 32-token windows in 41 (certified, 25 %, stream
-        condition, 10 % allowance, trace seeds 200-205).
-        rank="neighbours" (DESIGN §7): aligned `block` (default 64) -token blocks by the certificate variance
-        that the block's retained neighbours (the blocks either side) carried during the answer steps."""
+        rank="attention" (default, `_attention_windows`): windows of `block` (default 32) spilled positions
+        centred on the spilled keys the last question and answer steps would attend to most.
+        rank="neighbours" (DESIGN §7, `_neighbour_blocks`): aligned `block` (default 64) -token blocks by the
+        certificate variance that the block's retained neighbours carried during the answer steps."""
         if rank not in ("neighbours", "attention"):
             raise ValueError(f"rank must be 'neighbours' or 'attention', got {rank!r}")
         if self.spill is None:
@@ -272,31 +267,10 @@ class EvictingSession:
             return np.zeros(0, dtype=np.int64)
         self._sync()
         avail = np.sort(self.spill.available())
-        chosen: set[int] = set()
         if rank == "attention":
-            span = block or 32
-            peak = self._spilled_attention(avail)
-            for j in np.argsort(-peak, kind="stable"):
-                p = int(avail[j])
-                if p in chosen:
-                    continue
-                lo = np.searchsorted(avail, p - span // 2)
-                win = [int(x) for x in avail[lo : np.searchsorted(avail, p - span // 2 + span)] if int(x) not in chosen]
-                room = budget_tokens - len(chosen)
-                if len(win) > room:  # the last window: the tokens nearest its key fill the allowance
-                    win = sorted(win, key=lambda x: (abs(x - p), x))[:room]
-                chosen.update(win)
-                if len(chosen) == budget_tokens:
-                    break
+            chosen = self._attention_windows(avail, budget_tokens, block or 32)
         else:
-            block = block or 64
-            pos = self.cache.positions
-            blocks = np.unique(avail // block)
-            score = np.array([self.var_contrib[(pos >= (b - 1) * block) & (pos < (b + 2) * block)].sum() for b in blocks])
-            for b in blocks[np.argsort(-score, kind="stable")]:
-                members = avail[avail // block == b]
-                if len(chosen) + len(members) <= budget_tokens:
-                    chosen.update(members.tolist())
+            chosen = self._neighbour_blocks(avail, budget_tokens, block or 64)
         chosen_arr = np.array(sorted(chosen), dtype=np.int64)
         if not len(chosen_arr):
             return chosen_arr
@@ -312,6 +286,42 @@ class EvictingSession:
         for layer in self.cache.layers:
             layer.bias = None
         return chosen_arr
+
+    def _attention_windows(self, avail: np.ndarray, budget_tokens: int, span: int) -> set[int]:
+        """Spilled positions in windows of `span` centred on the spilled keys that the last question and answer
+        would attend to most (`_spilled_attention`), best key first, until the allowance is full. A window
+        centred on the peak keeps what the question matched (a fact's name, its value) together with the tokens
+        around it, wherever a block boundary falls: aligned 64-token blocks summed over their keys held the asked
+        fact's value in 26 of 41 cases, blocks scored by their best key in 31, centred 32-token windows in 41
+        (certified, 25 %, stream condition, 10 % allowance, trace seeds 200-205)."""
+        chosen: set[int] = set()
+        peak = self._spilled_attention(avail)
+        for j in np.argsort(-peak, kind="stable"):
+            p = int(avail[j])
+            if p in chosen:
+                continue
+            lo, hi = np.searchsorted(avail, [p - span // 2, p - span // 2 + span])
+            win = [int(x) for x in avail[lo:hi] if int(x) not in chosen]
+            room = budget_tokens - len(chosen)
+            if len(win) > room:  # the last window: the tokens nearest its key fill the allowance
+                win = sorted(win, key=lambda x: (abs(x - p), x))[:room]
+            chosen.update(win)
+            if len(chosen) == budget_tokens:
+                break
+        return chosen
+
+    def _neighbour_blocks(self, avail: np.ndarray, budget_tokens: int, block: int) -> set[int]:
+        """Whole aligned `block`-token spilled blocks, ranked by the certificate variance their retained
+        neighbours (the blocks either side) carried during the answer steps, while they fit the allowance."""
+        chosen: set[int] = set()
+        pos = self.cache.positions
+        blocks = np.unique(avail // block)
+        score = np.array([self.var_contrib[(pos >= (b - 1) * block) & (pos < (b + 2) * block)].sum() for b in blocks])
+        for b in blocks[np.argsort(-score, kind="stable")]:
+            members = avail[avail // block == b]
+            if len(chosen) + len(members) <= budget_tokens:
+                chosen.update(members.tolist())
+        return chosen
 
     def release(self) -> None:
         """Undo the last `recall`: its blocks leave the cache (their bytes are still in the spill file), the budget

@@ -79,6 +79,26 @@ def test_a_second_recall_replaces_the_first(mlx_backend, trace, tmp_path):
         assert s.cache.length == n0 + len(back)  # the allowance is not cumulative
 
 
+def test_neighbour_ranked_recall_brings_back_whole_spilled_blocks(mlx_backend, trace, tmp_path):
+    """rank="neighbours" (DESIGN §7) recalls only whole aligned blocks of spilled positions, the one its retained
+    neighbours carried the most certificate variance for first, within the allowance."""
+    tr, ids, _, _ = trace
+    s = _evicted(mlx_backend, trace, tmp_path)
+    spilled = set(s.spill.available().tolist())
+    _answer(s, mlx_backend.tokenizer, tr.facts[0])
+    assert s.var_contrib.sum() > 0  # the answer steps were certified
+    back = s.recall(150, block=64, rank="neighbours")
+    assert 0 < len(back) <= 150 and set(back.tolist()) <= spilled
+    for b in np.unique(back // 64):  # whole blocks: every spilled position of each recalled block
+        assert set(back[back // 64 == b].tolist()) == {p for p in spilled if p // 64 == b}
+    pos = s.cache.positions
+    blocks = np.unique(np.array(sorted(spilled)) // 64)
+    var = {int(b): s.var_contrib[(pos >= (b - 1) * 64) & (pos < (b + 2) * 64)].sum() for b in blocks}
+    best = max(var, key=lambda b: (var[b], -b))
+    if sum(p // 64 == best for p in spilled) <= 150:
+        assert best in set((back // 64).tolist())
+
+
 def test_needle_survival_tracks_a_fixed_needle_set(mlx_backend):
     tok = mlx_backend.tokenizer
     tr = make_trace(100, n_steps=8, n_facts=3)

@@ -64,7 +64,8 @@ def read_labelled(path: str | Path) -> list[tuple[str, str]]:
 def calibrate(tools: list[ToolEntry], labelled: list[tuple[str, str]], embedder: Embedder, path: Path,
               target: float = 0.97, floor_recall: float = 0.98, k: int = 10, seed: int = 0) -> dict:
     """Fit tau, the floor and the fusion weights (lex_weight, ce_weight; ce_weight 0 without a trained
-    reranker) on labelled queries (default: synthesized from the tools) and store them in the buffer header. Returns the calibration with the auto-route rate and precision it yields on that set."""
+    reranker) on labelled queries (default: synthesized from the tools) and store them in the buffer header.
+    Returns the calibration with the auto-route rate and precision it yields on that set."""
     buf = SLBuffer(path, model_id=embedder.model_id)
     names = list(buf.names)
     pos = {n: i for i, n in enumerate(names)}
@@ -103,15 +104,13 @@ def _fit_fusion_weights(rr: Reranker | None, buf: SLBuffer, tools, labelled, qv,
     from slb.tools import lexical_text, tool_text
 
     by_name = {t.name: t for t in tools}
-    texts = [tool_text(by_name[n], recipe) for n in buf.names]
     lexical = LexicalIndex([lexical_text(by_name[n]) for n in buf.names])
     s, ids = buf.index.scan_batch(qv[:limit], k=k)
     lex = np.stack([lexical.scores(q, row) for (q, _), row in zip(labelled[:limit], ids)])
     logits = None
-    if rr is not None:
-        rtexts = texts if (rr.meta or {}).get("recipe", recipe) == recipe else \
-            [tool_text(by_name[n], rr.meta["recipe"]) for n in buf.names]
-        logits = np.stack([rr.score(q, [rtexts[i] for i in row]) for (q, _), row in zip(labelled[:limit], ids)])
+    if rr is not None:  # the cross-encoder reads tool texts in the recipe it was trained on
+        texts = [tool_text(by_name[n], (rr.meta or {}).get("recipe", recipe)) for n in buf.names]
+        logits = np.stack([rr.score(q, [texts[i] for i in row]) for (q, _), row in zip(labelled[:limit], ids)])
     pos = np.array([int(np.flatnonzero(row == g)[0]) if g in row else -1 for row, g in zip(ids, gold[:limit])])
     return pick_fusion_weights(s, lex, logits, pos)
 

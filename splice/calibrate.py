@@ -1,11 +1,14 @@
 """`nexus splice calibrate`: measure repair fidelity per depth on a calibration set, write the profile.
 
-Candidates are head repairs (from `heads`) and, on backends with `can_recompute_kv`, CacheBlend repairs (head
-h + `blend_pcts` % of the spliced tokens recomputed by K/V deviation), tried cheapest first by estimated cost in
-token-forward equivalents. For each depth the cheapest candidate whose mean KL over the calibration tools is
-within `kl_margin` x max(target_kl, 3 x the backend's text noise floor) (headroom for tools not calibrated on)
-and whose top-1 agreement is within 0.02 of the text variant's becomes the curve entry, provided it is also
-faster than the text prefill it replaces (the timing gate). Top-1 is counted on the decisive positions (the
+Candidates are head repairs (from `heads`), the same heads with the block's last `tails` tokens decoded as text
+too, and, on backends with `can_recompute_kv`, CacheBlend repairs (head h + `blend_pcts` % of the spliced tokens
+recomputed by K/V deviation), tried cheapest first by estimated cost in token-forward equivalents. A candidate
+passes at a depth when its mean KL over the calibration tools is within `kl_margin` x max(target_kl, 3 x the
+backend's text noise floor) (headroom for tools not calibrated on), its top-1 agreement is within 0.02 of the
+text variant's, and it is faster than the text prefill it replaces (the timing gate). Of the passing candidates
+whose TTFT speedup over text is at least `min_speedup`, the one with the lowest KL becomes the curve entry: speed
+beyond that floor is spent on fidelity, since a lower KL is what keeps near-tie top-1 flips rare. When none
+reaches the floor, the cheapest passing candidate is taken. Top-1 is counted on the decisive positions (the
 reference's top-1 leads by >= `decisive_margin` logits; 0 counts all): with a few dozen calibration positions, one
 flip at a near-tie (measured: every flip of a repaired splice on llama.cpp, depths 64-2048, had a lead < 0.5)
 would otherwise decide the curve by chance. The first depth where none passes ends the profile:
@@ -28,12 +31,14 @@ from splice.profile import RepairPlan, SpliceProfile
 class CalibrationConfig:
     depths: tuple[int, ...] = (0, 64, 256, 512, 1024, 2048)
     heads: tuple[int, ...] = (0, 16, 32, 64, 96, 128, 192)  # head tokens tried
+    tails: tuple[int, ...] = (4,)  # block-end tokens decoded as text, tried with every head
     blend_pcts: tuple[int, ...] = (10, 20)  # % of spliced tokens recomputed (can_recompute_kv backends only)
     blend_heads: tuple[int, ...] = (0, 16)  # heads combined with each blend percentage
     target_kl: float = 0.01  # nats; the bar is max(target_kl, 3 x text floor)
     top1_slack: float = 0.02
     kl_margin: float = 0.85  # the chosen plan's calibration KL must stay below this share of the bar
     decisive_margin: float = 0.5  # logits; top-1 is checked where the reference leads by this much (0: everywhere)
+    min_speedup: float = 1.9  # TTFT speedup over text kept; faster passing plans trade speed for KL (0: cheapest)
     seed: int = 0
 
     def __post_init__(self):
@@ -47,15 +52,24 @@ class CalibrationConfig:
             raise ValueError(f"CalibrationConfig.decisive_margin must be >= 0 logits, got {self.decisive_margin}")
         if not 0 < self.kl_margin <= 1:
             raise ValueError(f"CalibrationConfig.kl_margin must be in (0, 1], got {self.kl_margin}")
+        if any(t <= 0 for t in self.tails) or self.min_speedup < 0:
+            raise ValueError(f"CalibrationConfig.tails must be positive token counts and min_speedup >= 0, got "
+                             f"{self.tails} / {self.min_speedup}")
         if any(not 0 < p <= 100 for p in self.blend_pcts) or any(h < 0 for h in self.blend_heads):
             raise ValueError(f"CalibrationConfig.blend_pcts must be in (0, 100] and blend_heads >= 0, got "
                              f"{self.blend_pcts} / {self.blend_heads}")
 
 
+CALL_COST = 8  # token-forward equivalents of one more forward call (measured: a 4-token tail ~ 10-20 head tokens)
+
+
 def candidates(config: CalibrationConfig, n_tokens: int, n_layers: int, can_blend: bool) -> list[tuple[str, RepairPlan, list[int]]]:
-    """(table key, plan, curve entry tail) cheapest first; cost in token-forward equivalents for a block of
-    `n_tokens`: head h costs h; blend adds one layer over the block (n_tokens / n_layers) plus the recomputed share."""
+    """(table key, plan, curve entry after the depth) cheapest first; cost in token-forward equivalents for a
+    block of `n_tokens`: head h costs h, a tail t adds t + CALL_COST; blend adds one layer over the block
+    (n_tokens / n_layers) plus the recomputed share."""
     out = [(h, f"head{h}", RepairPlan("head", h) if h else RepairPlan("none", 0), [h]) for h in config.heads]
+    out += [(h + t + CALL_COST, f"head{h}+tail{t}", RepairPlan("head", h, tail=t), [h, 0, t])
+            for h in config.heads for t in config.tails]
     if can_blend:
         for h in config.blend_heads:
             for p in config.blend_pcts:
@@ -76,6 +90,27 @@ def _measure(refs, runners, blocks, plan, margin) -> dict:
             "top1_decisive": float(a[:, 3].sum() / max(1.0, a[:, 4].sum()))}
 
 
+def _choose(config, text, row, refs, runners, blocks, cands, bar_kl, bar_top1):
+    """Measure candidates cheapest first into `row`; return (key, curve entry tail) of the pick, or None."""
+    first = best = None
+    for key, plan, tail in cands:
+        row[key] = m = _measure(refs, runners, blocks, plan, config.decisive_margin)
+        speedup = text["ttft_ms"] / m["ttft_ms"]
+        passes = m["kl"] <= bar_kl and m["top1_decisive"] >= bar_top1
+        if passes and speedup <= 1:  # timing gate: a splice slower than text is not worth it
+            row["timing_gate"] = f"{key} {m['ttft_ms']:.0f} ms >= text {text['ttft_ms']:.0f} ms"
+            break
+        if passes:
+            first = first or (key, tail)
+            if speedup >= config.min_speedup and (best is None or m["kl"] < row[best[0]]["kl"]):
+                best = (key, tail)
+            if not config.min_speedup or m["kl"] < 1e-6:
+                break  # the cheapest passing plan was asked for, or this one is exact already
+        if first and speedup < config.min_speedup:
+            break  # the remaining candidates cost more: below the speed floor from here on
+    return best or first
+
+
 def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None, log=print) -> SpliceProfile:
     """Measure, pick the repair curve, and return the profile (the caller saves it)."""
     config = config or CalibrationConfig()
@@ -94,15 +129,7 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
             bar_kl = config.kl_margin * max(config.target_kl, 3 * text["kl"])
             bar_top1 = text["top1_decisive"] - config.top1_slack
             row = {"text": text}
-            chosen = None
-            for key, plan, tail in cands:
-                row[key] = m = _measure(refs, runners, blocks, plan, config.decisive_margin)
-                if m["kl"] <= bar_kl and m["top1_decisive"] >= bar_top1:
-                    if m["ttft_ms"] < text["ttft_ms"]:  # timing gate: a splice slower than text is not worth it
-                        chosen = (key, tail)
-                    else:
-                        row["timing_gate"] = f"{key} {m['ttft_ms']:.0f} ms >= text {text['ttft_ms']:.0f} ms"
-                    break
+            chosen = _choose(config, text, row, refs, runners, blocks, cands, bar_kl, bar_top1)
         finally:
             for r in runners:
                 r.close()

@@ -22,7 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--tool-file", default=str(DEFAULT_CATALOG), help="JSON/JSONL tools to calibrate on")
     c.add_argument("--n-tools", type=int, default=4, help="calibration tools (more: a safer profile, slower)")
     c.add_argument("--depths", default="0,64,256,512,1024,2048")
-    c.add_argument("--heads", default="0,16,32,64,96,128,192")
+    c.add_argument("--heads", default="0,16,32,64,96,128,192", help="head lengths tried (tokens decoded as text)")
+    c.add_argument("--tails", default="4", help="block-end tokens decoded as text, tried with every head")
+    c.add_argument("--min-speedup", type=float, default=1.9,
+                   help="TTFT speedup over text to keep; faster plans spend the rest on fidelity (0: cheapest plan)")
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=_calibrate)
 
@@ -52,7 +55,9 @@ def _calibrate(args) -> int:
 
     backend = load_backend(args.backend, args.model)
     config = CalibrationConfig(depths=tuple(int(d) for d in args.depths.split(",")),
-                               heads=tuple(int(h) for h in args.heads.split(",")), seed=args.seed)
+                               heads=tuple(int(h) for h in args.heads.split(",")),
+                               tails=tuple(int(t) for t in args.tails.split(",") if t), min_speedup=args.min_speedup,
+                               seed=args.seed)
     profile = calibrate(backend, calibration_tools(backend, args.tool_file, args.n_tools, args.seed), config)
     path = profile.save()
     print(f"wrote {path}: curve {profile.curve}, splice up to depth {profile.max_depth}, text beyond")

@@ -20,7 +20,7 @@ REPAIR_MODES = ("none", "head", "suffix", "blend", "text")
 @dataclass(frozen=True)
 class RepairPlan:
     """How one splice is done. `mode`: none (re-anchored block), head (decode the first `n` block tokens as
-    text, splice the rest), suffix (splice all but the last `n`, decode those), blend (head `n`, then recompute
+    text, splice the rest, then decode the last `tail` as text), suffix (splice all but the last `n`, decode those), blend (head `n`, then recompute
     in place the share `frac` of the spliced tokens whose layer-1 K/V deviate most from a fresh pass in context,
     CacheBlend-style; needs `capabilities.can_recompute_kv`, else it runs as head `n`), text (prefill all of it).
     `rotate=False` skips the RoPE re-anchor (the measured "bare" baseline; MLX only)."""
@@ -29,6 +29,7 @@ class RepairPlan:
     n: int = 16
     rotate: bool = True
     frac: float = 0.0  # blend only: share of the spliced (non-head) tokens recomputed, 0..1
+    tail: int = 0  # head only: block tokens at the end decoded as text after the spliced middle
 
     def __post_init__(self):
         if self.mode not in REPAIR_MODES:
@@ -37,13 +38,16 @@ class RepairPlan:
             raise ValueError(f"RepairPlan.n must be >= 0 tokens, got {self.n}")
         if not 0.0 <= self.frac <= 1.0 or (self.mode == "blend") != (self.frac > 0):
             raise ValueError(f"RepairPlan.frac must be in (0, 1] for blend and 0 otherwise, got {self.mode} {self.frac}")
+        if self.tail < 0 or self.tail and self.mode != "head":
+            raise ValueError(f"RepairPlan.tail must be >= 0 tokens, and only a head repair has one; got {self.mode} {self.tail}")
 
 
 @dataclass
 class SpliceProfile:
-    """Calibrated repair curve for one (backend, model). `curve` is [[depth, head_tokens], ...] or
-    [[depth, head_tokens, blend_pct], ...] sorted by depth; blend_pct > 0 recomputes that percentage of the
-    spliced tokens by K/V deviation after the head (RepairPlan "blend")."""
+    """Calibrated repair curve for one (backend, model). `curve` is [[depth, head, blend_pct, tail], ...] sorted
+    by depth, trailing zeros dropped ([depth, head] is a plain head repair): blend_pct > 0 recomputes that
+    percentage of the spliced tokens by K/V deviation after the head (RepairPlan "blend"); tail > 0 decodes the
+    block's last `tail` tokens as text after the spliced middle (a head repair only)."""
 
     backend: str
     fingerprint: str
@@ -53,9 +57,19 @@ class SpliceProfile:
     measured: dict = field(default_factory=dict)  # the calibration table the curve came from
 
     def __post_init__(self):
-        self.curve = sorted([int(e[0]), int(e[1])] + ([int(e[2])] if len(e) > 2 and int(e[2]) else []) for e in self.curve)
-        if any(e[1] < 0 or not 0 <= (e[2] if len(e) > 2 else 0) <= 100 for e in self.curve):
-            raise ValueError("SpliceProfile.curve head counts must be >= 0 and blend percentages 0..100")
+        curve = []
+        for e in self.curve:
+            if not 2 <= len(e) <= 4:
+                raise ValueError(f"SpliceProfile.curve entries are [depth, head, blend_pct, tail], got {list(e)}")
+            d, head, pct, tail = (list(map(int, e)) + [0, 0])[:4]
+            if head < 0 or tail < 0 or not 0 <= pct <= 100 or pct and tail:
+                raise ValueError("SpliceProfile.curve head and tail counts must be >= 0, blend percentages 0..100, "
+                                 f"and a blend entry has no tail; got {list(e)}")
+            entry = [d, head, pct, tail]
+            while len(entry) > 2 and not entry[-1]:
+                entry.pop()
+            curve.append(entry)
+        self.curve = sorted(curve)
         if self.target_kl <= 0:
             raise ValueError(f"SpliceProfile.target_kl must be > 0 nats, got {self.target_kl}")
 
@@ -63,13 +77,13 @@ class SpliceProfile:
         """The repair for a splice at `depth` tokens after the system prompt of a block of `n_tokens`."""
         if depth > self.max_depth:
             return RepairPlan("text", n_tokens)
-        for d, n, *pct in self.curve:
+        for d, n, pct, tail in (e + [0] * (4 - len(e)) for e in self.curve):
             if depth <= d:
-                if n >= n_tokens:
+                if n + tail >= n_tokens:
                     return RepairPlan("text", n_tokens)
                 if pct:
-                    return RepairPlan("blend", n, frac=pct[0] / 100)
-                return RepairPlan("head", n) if n else RepairPlan("none", 0)
+                    return RepairPlan("blend", n, frac=pct / 100)
+                return RepairPlan("head", n, tail=tail) if n or tail else RepairPlan("none", 0)
         return RepairPlan("text", n_tokens)
 
     def save(self) -> Path:

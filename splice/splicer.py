@@ -40,15 +40,16 @@ class SpliceResult:
 def apply_plan(session, kv: KVRange, plan: RepairPlan) -> int:
     """Insert block `kv` at `session.n_past` per `plan`; returns how many block tokens were decoded as text.
 
-    head n: decode kv.tokens[:n] as text, then import kv[n:] re-anchored right after them (a batch must start at
-    the last position + 1, so the head goes first). suffix n: import kv[:T-n], then decode the last n tokens.
+    head n (tail t): decode kv.tokens[:n] as text, import kv[n:T-t] re-anchored right after them (a batch must
+    start at the last position + 1, so the head goes first), then decode the last t tokens as text. suffix n: import kv[:T-n], then decode the last n tokens.
     blend n, frac: head n, then `session.recompute_kv` rewrites the most-deviating frac of the spliced tokens in
     place (CacheBlend); a session without that hook (llama.cpp) runs the plan as head n.
     """
     T = len(kv)
     tokens = [int(t) for t in kv.tokens]
     n = min(plan.n, T)
-    if plan.mode == "text" or n >= T and plan.mode != "none":
+    tail = plan.tail if plan.mode == "head" else 0
+    if plan.mode == "text" or n + tail >= T and plan.mode != "none":
         session.prefill(tokens)
         return T
     kwargs = {} if plan.rotate else {"rotate": False}
@@ -59,10 +60,13 @@ def apply_plan(session, kv: KVRange, plan: RepairPlan) -> int:
         session.import_kv(kv, span=(n, T), **kwargs) if n else session.import_kv(kv, **kwargs)
         recompute = getattr(session, "recompute_kv", None)
         return n + (len(recompute(start, session.n_past, plan.frac)) if recompute else 0)
-    if plan.mode == "head" and n:
-        session.prefill(tokens[:n])
-        session.import_kv(kv, span=(n, T), **kwargs)
-        return n
+    if plan.mode == "head" and (n or tail):
+        if n:
+            session.prefill(tokens[:n])
+        session.import_kv(kv, span=(n, T - tail), **kwargs)
+        if tail:
+            session.prefill(tokens[T - tail :])
+        return n + tail
     if plan.mode == "suffix" and n:
         session.import_kv(kv, span=(0, T - n), **kwargs)
         session.prefill(tokens[T - n :])

@@ -2,26 +2,34 @@
 
 import pytest
 
-from splice.calibrate import CalibrationConfig, calibrate
+from splice.calibrate import CalibrationConfig, calibrate, candidates
 from splice.profile import RepairPlan
 from splice_fixtures import TOOL
 
 
+def _key(head, pct=0, tail=0):
+    return f"blend{head}+{pct}%" if pct else f"head{head}+tail{tail}" if tail else f"head{head}"
+
+
 def test_calibration_curve_follows_its_own_measurements(llamacpp_backend):
-    config = CalibrationConfig(depths=(0, 64), heads=(0, 16, 64, 4096))
+    config = CalibrationConfig(depths=(0, 64), heads=(0, 16, 64, 4096), tails=(4,))
     profile = calibrate(llamacpp_backend, [TOOL], config, log=lambda *_: None)
     table = profile.measured
     # at the anchor the re-anchored block is the text prefill: the cheapest plan (no repair) must be chosen
     assert table["0"]["head0"]["kl"] < 1e-6 and profile.plan_for(0, 100) == RepairPlan("none", 0)
-    for depth, head, *_ in profile.curve:
+    order = [k for k, _, _ in candidates(config, 100, 30, can_blend=False)]
+    for depth, *entry in profile.curve:
         row = table[str(depth)]
-        chosen = row[f"head{head}"]
-        bar = config.kl_margin * max(config.target_kl, 3 * row["text"]["kl"])
-        top1_bar = row["text"]["top1_decisive"] - config.top1_slack
-        assert chosen["kl"] <= bar and chosen["top1_decisive"] >= top1_bar
-        assert chosen["ttft_ms"] < row["text"]["ttft_ms"]  # the timing gate
-        cheaper = [f"head{h}" for h in config.heads if h < head]
-        assert all(row[k]["kl"] > bar or row[k]["top1_decisive"] < top1_bar for k in cheaper)
+        text = row["text"]
+        bar = config.kl_margin * max(config.target_kl, 3 * text["kl"])
+        top1_bar = text["top1_decisive"] - config.top1_slack
+        passing = [k for k in order if k in row and row[k]["kl"] <= bar and row[k]["top1_decisive"] >= top1_bar
+                   and row[k]["ttft_ms"] < text["ttft_ms"]]  # the timing gate
+        fast = [k for k in passing if text["ttft_ms"] / row[k]["ttft_ms"] >= config.min_speedup]
+        chosen = _key(*entry)
+        assert chosen in passing
+        # the lowest KL above the speed floor, else the cheapest plan that passes
+        assert chosen == (min(fast, key=lambda k: row[k]["kl"]) if fast else passing[0])
     assert profile.max_depth == max(d for d, *_ in profile.curve)
 
 
@@ -30,5 +38,9 @@ def test_calibration_config_rejects_nonsense():
         CalibrationConfig(kl_margin=0)
     with pytest.raises(ValueError, match="decisive_margin"):
         CalibrationConfig(decisive_margin=-1)
+    with pytest.raises(ValueError, match="tails"):
+        CalibrationConfig(tails=(0,))
+    with pytest.raises(ValueError, match="min_speedup"):
+        CalibrationConfig(min_speedup=-1)
     with pytest.raises(ValueError, match="heads"):
         CalibrationConfig(heads=(64, 16))

@@ -38,21 +38,29 @@ def test_reanchor_and_head_repair_beat_bare_at_depth(mlx_backend):
     ref = r.reference()
     kls = {name: kl_top1(ref, r.run(kv, plan)[0])[0] for name, plan in {
         "bare": RepairPlan("none", 0, rotate=False), "reanchored": RepairPlan("none", 0),
-        "head32": RepairPlan("head", 32), "text": RepairPlan("text")}.items()}
+        "head32": RepairPlan("head", 32), "head32+tail4": RepairPlan("head", 32, tail=4),
+        "text": RepairPlan("text")}.items()}
     r.close()
     assert kls["text"] < 1e-4  # MLX prefills are batch-invariant here
     assert kls["head32"] < kls["reanchored"] < kls["bare"] / 3
+    # the block's closing tokens re-read in context (measured: they deviate most after a head repair)
+    assert kls["head32+tail4"] < kls["head32"]
 
 
 def test_llamacpp_head_repair_imports_a_sub_range(llamacpp_backend):
     kv = _block(llamacpp_backend)
     r = CaseRunner(llamacpp_backend, make_case(llamacpp_backend.tokenizer, TOOL, 200))
     ref = r.reference()
-    got = {n: kl_top1(ref, r.run(kv, p)[0])[0] for n, p in
-           {"reanchored": RepairPlan("none", 0), "head": RepairPlan("head", 32), "suffix": RepairPlan("suffix", 20)}.items()}
+    plans = {"reanchored": RepairPlan("none", 0), "head": RepairPlan("head", 32), "suffix": RepairPlan("suffix", 20),
+             "head+tail": RepairPlan("head", 32, tail=4)}
+    got, redecoded = {}, {}
+    for n, p in plans.items():
+        logits, _, redecoded[n] = r.run(kv, p)
+        got[n] = kl_top1(ref, logits)[0]
     assert r.session.n_past == r.base  # variants leave the prefix intact
     r.close()
-    assert got["head"] < got["reanchored"] and all(v < 0.2 for v in got.values())
+    assert redecoded == {"reanchored": 0, "head": 32, "suffix": 20, "head+tail": 36}
+    assert got["head"] < got["reanchored"] and got["head+tail"] < got["reanchored"] and all(v < 0.2 for v in got.values())
 
 
 def test_compile_is_incremental(mlx_backend, nexus_home):
@@ -138,6 +146,20 @@ def test_blend_runs_as_head_repair_without_recompute(llamacpp_backend):
     _, _, redecoded = r.run(kv, RepairPlan("blend", 16, frac=0.2))
     r.close()
     assert redecoded == 16
+
+
+def test_profile_curve_with_tail_entries():
+    p = SpliceProfile("llamacpp", "fp", curve=[[0, 0], [256, 16, 0, 4], [1024, 64, 0, 0]], max_depth=1024)
+    assert p.curve == [[0, 0], [256, 16, 0, 4], [1024, 64]]  # trailing zeros dropped
+    assert p.plan_for(100, 200) == RepairPlan("head", 16, tail=4)
+    assert p.plan_for(100, 20).mode == "text"  # head + tail cover the block
+    assert p.plan_for(1024, 200) == RepairPlan("head", 64)
+    with pytest.raises(ValueError, match="tail"):
+        SpliceProfile("mlx", "fp", curve=[[0, 16, 10, 4]])  # a blend entry has no tail
+    with pytest.raises(ValueError, match="entries"):
+        SpliceProfile("mlx", "fp", curve=[[0, 16, 0, 4, 1]])
+    with pytest.raises(ValueError, match="tail"):
+        RepairPlan("suffix", 8, tail=4)
 
 
 def test_profile_curve_with_blend_entries():

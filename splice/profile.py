@@ -20,9 +20,10 @@ REPAIR_MODES = ("none", "head", "suffix", "blend", "text")
 @dataclass(frozen=True)
 class RepairPlan:
     """How one splice is done. `mode`: none (re-anchored block), head (decode the first `n` block tokens as
-    text, splice the rest, then decode the last `tail` as text), suffix (splice all but the last `n`, decode those), blend (head `n`, then recompute
-    in place the share `frac` of the spliced tokens whose layer-1 K/V deviate most from a fresh pass in context,
-    CacheBlend-style; needs `capabilities.can_recompute_kv`, else it runs as head `n`), text (prefill all of it).
+    text, splice the rest, then decode the last `tail` as text), suffix (splice all but the last `n`, decode
+    those), blend (head `n`, then recompute in place the share `frac` of the spliced tokens whose layer-1 K/V
+    deviate most from a fresh pass in context, CacheBlend-style; needs `capabilities.can_recompute_kv`, else it
+    runs as head `n`), text (prefill all of it).
     `rotate=False` skips the RoPE re-anchor (the measured "bare" baseline; MLX only)."""
 
     mode: str = "head"
@@ -39,7 +40,8 @@ class RepairPlan:
         if not 0.0 <= self.frac <= 1.0 or (self.mode == "blend") != (self.frac > 0):
             raise ValueError(f"RepairPlan.frac must be in (0, 1] for blend and 0 otherwise, got {self.mode} {self.frac}")
         if self.tail < 0 or self.tail and self.mode != "head":
-            raise ValueError(f"RepairPlan.tail must be >= 0 tokens, and only a head repair has one; got {self.mode} {self.tail}")
+            raise ValueError(f"RepairPlan.tail must be >= 0 tokens, and only a head repair has one; "
+                             f"got {self.mode} {self.tail}")
 
 
 @dataclass

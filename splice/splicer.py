@@ -41,7 +41,8 @@ def apply_plan(session, kv: KVRange, plan: RepairPlan) -> int:
     """Insert block `kv` at `session.n_past` per `plan`; returns how many block tokens were decoded as text.
 
     head n (tail t): decode kv.tokens[:n] as text, import kv[n:T-t] re-anchored right after them (a batch must
-    start at the last position + 1, so the head goes first), then decode the last t tokens as text. suffix n: import kv[:T-n], then decode the last n tokens.
+    start at the last position + 1, so the head goes first), then decode the last t tokens as text.
+    suffix n: import kv[:T-n], then decode the last n tokens.
     blend n, frac: head n, then `session.recompute_kv` rewrites the most-deviating frac of the spliced tokens in
     place (CacheBlend); a session without that hook (llama.cpp) runs the plan as head n.
     """

@@ -49,31 +49,22 @@ def apply_plan(session, kv: KVRange, plan: RepairPlan) -> int:
     T = len(kv)
     tokens = [int(t) for t in kv.tokens]
     n = min(plan.n, T)
-    tail = plan.tail if plan.mode == "head" else 0
-    if plan.mode == "text" or n + tail >= T and plan.mode != "none":
+    # every plan but text is (head decoded as text, spliced middle, tail decoded as text)
+    head, tail = {"none": (0, 0), "suffix": (0, n), "head": (n, plan.tail), "blend": (n, 0)}.get(plan.mode, (T, 0))
+    if plan.mode == "text" or plan.mode != "none" and head + tail >= T:
         session.prefill(tokens)
         return T
     kwargs = {} if plan.rotate else {"rotate": False}
-    if plan.mode == "blend":
-        if n:
-            session.prefill(tokens[:n])
-        start = session.n_past
-        session.import_kv(kv, span=(n, T), **kwargs) if n else session.import_kv(kv, **kwargs)
-        recompute = getattr(session, "recompute_kv", None)
-        return n + (len(recompute(start, session.n_past, plan.frac)) if recompute else 0)
-    if plan.mode == "head" and (n or tail):
-        if n:
-            session.prefill(tokens[:n])
-        session.import_kv(kv, span=(n, T - tail), **kwargs)
-        if tail:
-            session.prefill(tokens[T - tail :])
-        return n + tail
-    if plan.mode == "suffix" and n:
-        session.import_kv(kv, span=(0, T - n), **kwargs)
-        session.prefill(tokens[T - n :])
-        return n
-    session.import_kv(kv, **kwargs) if kwargs else session.import_kv(kv)
-    return 0
+    if head:
+        session.prefill(tokens[:head])
+    start = session.n_past
+    if head or tail:
+        kwargs["span"] = (head, T - tail)
+    session.import_kv(kv, **kwargs)
+    if tail:
+        session.prefill(tokens[T - tail :])
+    recompute = getattr(session, "recompute_kv", None) if plan.mode == "blend" else None
+    return head + tail + (len(recompute(start, start + T - head, plan.frac)) if recompute else 0)
 
 
 def splice_tool(session, backend, tool: Tool, depth: int, profile: SpliceProfile | None = None,

@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", type=float, default=0.97, help="auto-route precision target for tau")
     p.add_argument("--floor-recall", type=float, default=0.98, help="share of relevant calib queries above the floor")
-    p.add_argument("--recipe", default="name_desc_params", help="tool text: name_desc | name_desc_params")
+    p.add_argument("--recipe", default="schema", help="tool text: schema | name_desc_params | name_desc")
     p.add_argument("--reranker", default=None,
                    help="a CrossEncoder folder to use instead of training one; 'none': no reranking (gate only)")
     p.add_argument("--train-steps", type=int, default=300, help="reranker optimizer steps (per fold when cross-fitting)")

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _embedder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embedder", default="packaged:all-MiniLM-L6-v2", help="packaged model or a model folder")
-    p.add_argument("--recipe", default="name_desc_params", help="tool text: name_desc | name_desc_params")
+    p.add_argument("--recipe", default="schema", help="tool text: schema (default) | name_desc_params | name_desc")
 
 
 def _config(args):

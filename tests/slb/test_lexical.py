@@ -118,7 +118,27 @@ def test_lexical_text_reads_the_whole_schema(catalogue):
     words = set(terms(lexical_text(t)))
     assert set(terms("book seat reserve cabin travel class economy business passenger frequent flyer legs "
                      "airport code")) <= words
-    assert not {"economy", "travel", "airport"} & set(terms(tool_text(t)))  # the embedded text has none of these
+    assert not {"economy", "travel", "airport"} & set(terms(tool_text(t, "name_desc_params")))  # names only
     # a query naming an enum value matches it only through the schema text; the router indexes that text
     ix = LexicalIndex([lexical_text(t), lexical_text(catalogue["book_flight"])])
     assert ix.scores("a business class seat please", [0, 1])[0] > 0
+
+
+def test_schema_recipe_embeds_descriptions_and_enums_of_top_level_parameters():
+    from slb.embedder import Embedder, EmbedderConfig
+    from slb.tools import ToolEntry
+
+    t = ToolEntry("book_seat", "Reserve a seat.", {"type": "object", "required": ["passenger", "cabin"], "properties": {
+        "note": {"type": "string"},
+        "cabin": {"type": "string", "description": "Travel class of the ticket.", "enum": ["Economy", "Business"]},
+        "passenger": {"type": "object", "properties": {"frequent_flyer_id": {"type": "string"}}}}})
+    assert tool_text(t, "schema") == ("book seat: Reserve a seat. Parameters: passenger; cabin (Travel class of the "
+                                      "ticket) one of Economy, Business; note.")  # required first, as `required` lists them
+    assert tool_text(ToolEntry("ping", "Check."), "schema") == "ping: Check."
+    with pytest.raises(ValueError, match="unknown tool text recipe"):
+        tool_text(t, "everything")
+    # the real embedder: a request naming the enum value is closer to the schema text than to the names-only text
+    q = "I need a business class seat"
+    vecs = {r: Embedder(EmbedderConfig(recipe=r)) for r in ("schema", "name_desc_params")}
+    cos = {r: float(e.embed_tools([t])[0] @ e.embed_query(q)) for r, e in vecs.items()}
+    assert cos["schema"] > cos["name_desc_params"] + 0.05, cos

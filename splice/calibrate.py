@@ -6,15 +6,13 @@ recomputed by K/V deviation), tried cheapest first by estimated cost in token-fo
 passes at a depth when its mean KL over the calibration tools is within `kl_margin` x max(target_kl, 3 x the
 backend's text noise floor) (headroom for tools not calibrated on), its top-1 agreement is within 0.02 of the
 text variant's, and it is faster than the text prefill it replaces (the timing gate). Of the passing candidates
-whose TTFT speedup over text reaches the depth's speed floor, the one with the lowest KL becomes the curve entry:
-speed beyond the floor is spent on fidelity, since a lower KL is what keeps near-tie top-1 flips rare. The floor
-follows the speed targets (SPEED_TARGETS: 1.7x up to depth 256, 1.3x at 2048) times `speed_margin`, so deep
-splices, whose text prefill is slow anyway, get more repair; `min_speedup` sets one floor for every depth
-instead. When none reaches the floor, the cheapest passing candidate is taken. Top-1 is counted on the decisive
-positions (the reference's top-1 leads by >= `decisive_margin` logits; 0 counts all): with a few dozen
-calibration positions, one flip at a near-tie (measured: every flip of a repaired splice on llama.cpp, depths
-64-2048, had a lead < 0.5) would otherwise decide the curve by chance. The first depth where none passes ends the
-profile: from there on the splicer prefills text (fail closed).
+whose TTFT speedup over text is at least `min_speedup`, the one with the lowest KL becomes the curve entry: speed
+beyond that floor is spent on fidelity, since a lower KL is what keeps near-tie top-1 flips rare. When none
+reaches the floor, the cheapest passing candidate is taken. Top-1 is counted on the decisive positions (the
+reference's top-1 leads by >= `decisive_margin` logits; 0 counts all): with a few dozen calibration positions, one
+flip at a near-tie (measured: every flip of a repaired splice on llama.cpp, depths 64-2048, had a lead < 0.5)
+would otherwise decide the curve by chance. The first depth where none passes ends the profile:
+from there on the splicer prefills text (fail closed).
 """
 
 from __future__ import annotations
@@ -40,8 +38,7 @@ class CalibrationConfig:
     top1_slack: float = 0.02
     kl_margin: float = 0.85  # the chosen plan's calibration KL must stay below this share of the bar
     decisive_margin: float = 0.5  # logits; top-1 is checked where the reference leads by this much (0: everywhere)
-    min_speedup: float | None = None  # one speed floor for all depths (0: cheapest plan); None: floor_at(depth)
-    speed_margin: float = 1.1  # the depth-dependent floor is this share above SPEED_TARGETS
+    min_speedup: float = 1.9  # TTFT speedup over text kept; faster passing plans trade speed for KL (0: cheapest)
     seed: int = 0
 
     def __post_init__(self):
@@ -55,34 +52,12 @@ class CalibrationConfig:
             raise ValueError(f"CalibrationConfig.decisive_margin must be >= 0 logits, got {self.decisive_margin}")
         if not 0 < self.kl_margin <= 1:
             raise ValueError(f"CalibrationConfig.kl_margin must be in (0, 1], got {self.kl_margin}")
-        if any(t <= 0 for t in self.tails) or (self.min_speedup is not None and self.min_speedup < 0):
+        if any(t <= 0 for t in self.tails) or self.min_speedup < 0:
             raise ValueError(f"CalibrationConfig.tails must be positive token counts and min_speedup >= 0, got "
                              f"{self.tails} / {self.min_speedup}")
-        if self.speed_margin < 1:
-            raise ValueError(f"CalibrationConfig.speed_margin must be >= 1, got {self.speed_margin}")
-
-    def floor_at(self, depth: int) -> float:
-        """TTFT speedup over text a plan must keep at `depth` to be picked for its KL (0: none)."""
-        if self.min_speedup is not None:
-            return self.min_speedup
-        return self.speed_margin * speed_target(depth)
         if any(not 0 < p <= 100 for p in self.blend_pcts) or any(h < 0 for h in self.blend_heads):
             raise ValueError(f"CalibrationConfig.blend_pcts must be in (0, 100] and blend_heads >= 0, got "
                              f"{self.blend_pcts} / {self.blend_heads}")
-
-
-SPEED_TARGETS = ((256, 1.7), (2048, 1.3))  # (depth, TTFT speedup over text) the splice must reach
-
-
-def speed_target(depth: int) -> float:
-    """The speedup SPEED_TARGETS asks for at `depth`: flat before the first and after the last point, linear in
-    log2(depth) between them (1.7 at 256, 1.57 at 512, 1.43 at 1024, 1.3 at 2048)."""
-    (d0, s0), (d1, s1) = SPEED_TARGETS
-    if depth <= d0:
-        return s0
-    if depth >= d1:
-        return s1
-    return s0 + (s1 - s0) * (np.log2(depth) - np.log2(d0)) / (np.log2(d1) - np.log2(d0))
 
 
 CALL_COST = 8  # token-forward equivalents of one more forward call (measured: a 4-token tail ~ 10-20 head tokens)
@@ -115,9 +90,8 @@ def _measure(refs, runners, blocks, plan, margin) -> dict:
             "top1_decisive": float(a[:, 3].sum() / max(1.0, a[:, 4].sum()))}
 
 
-def _choose(config, text, row, refs, runners, blocks, cands, bar_kl, bar_top1, floor):
-    """Measure candidates cheapest first into `row`; return (key, curve entry tail) of the pick, or None.
-    floor: the speedup over text a plan must keep to be picked for a lower KL (0: the cheapest passing plan)."""
+def _choose(config, text, row, refs, runners, blocks, cands, bar_kl, bar_top1):
+    """Measure candidates cheapest first into `row`; return (key, curve entry tail) of the pick, or None."""
     first = best = None
     for key, plan, tail in cands:
         row[key] = m = _measure(refs, runners, blocks, plan, config.decisive_margin)
@@ -128,11 +102,11 @@ def _choose(config, text, row, refs, runners, blocks, cands, bar_kl, bar_top1, f
             break
         if passes:
             first = first or (key, tail)
-            if speedup >= floor and (best is None or m["kl"] < row[best[0]]["kl"]):
+            if speedup >= config.min_speedup and (best is None or m["kl"] < row[best[0]]["kl"]):
                 best = (key, tail)
-            if not floor or m["kl"] < 1e-6:
+            if not config.min_speedup or m["kl"] < 1e-6:
                 break  # the cheapest passing plan was asked for, or this one is exact already
-        if first and speedup < floor:
+        if first and speedup < config.min_speedup:
             break  # the remaining candidates cost more: below the speed floor from here on
     return best or first
 
@@ -155,7 +129,7 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
             bar_kl = config.kl_margin * max(config.target_kl, 3 * text["kl"])
             bar_top1 = text["top1_decisive"] - config.top1_slack
             row = {"text": text}
-            chosen = _choose(config, text, row, refs, runners, blocks, cands, bar_kl, bar_top1, config.floor_at(depth))
+            chosen = _choose(config, text, row, refs, runners, blocks, cands, bar_kl, bar_top1)
         finally:
             for r in runners:
                 r.close()

@@ -24,9 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--depths", default="0,64,256,512,1024,2048")
     c.add_argument("--heads", default="0,16,32,64,96,128,192", help="head lengths tried (tokens decoded as text)")
     c.add_argument("--tails", default="4", help="block-end tokens decoded as text, tried with every head")
-    c.add_argument("--min-speedup", type=float, default=None,
-                   help="TTFT speedup over text to keep at every depth; faster plans spend the rest on fidelity "
-                        "(0: cheapest plan; default: 1.1x the speed targets, 1.87x up to depth 256, 1.43x at 2048)")
+    c.add_argument("--min-speedup", type=float, default=1.9,
+                   help="TTFT speedup over text to keep; faster plans spend the rest on fidelity (0: cheapest plan)")
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=_calibrate)
 

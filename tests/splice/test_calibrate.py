@@ -2,7 +2,7 @@
 
 import pytest
 
-from splice.calibrate import CalibrationConfig, calibrate, candidates, speed_target
+from splice.calibrate import CalibrationConfig, calibrate, candidates
 from splice.profile import RepairPlan
 from splice_fixtures import TOOL
 
@@ -25,7 +25,7 @@ def test_calibration_curve_follows_its_own_measurements(llamacpp_backend):
         top1_bar = text["top1_decisive"] - config.top1_slack
         passing = [k for k in order if k in row and row[k]["kl"] <= bar and row[k]["top1_decisive"] >= top1_bar
                    and row[k]["ttft_ms"] < text["ttft_ms"]]  # the timing gate
-        fast = [k for k in passing if text["ttft_ms"] / row[k]["ttft_ms"] >= config.floor_at(depth)]
+        fast = [k for k in passing if text["ttft_ms"] / row[k]["ttft_ms"] >= config.min_speedup]
         chosen = _key(*entry)
         assert chosen in passing
         # the lowest KL above the speed floor, else the cheapest plan that passes
@@ -44,13 +44,3 @@ def test_calibration_config_rejects_nonsense():
         CalibrationConfig(min_speedup=-1)
     with pytest.raises(ValueError, match="heads"):
         CalibrationConfig(heads=(64, 16))
-    with pytest.raises(ValueError, match="speed_margin"):
-        CalibrationConfig(speed_margin=0.9)
-
-
-def test_speed_floor_follows_the_targets_unless_one_floor_is_given():
-    config = CalibrationConfig()
-    assert [round(speed_target(d), 3) for d in (0, 256, 512, 1024, 2048, 8192)] == [1.7, 1.7, 1.567, 1.433, 1.3, 1.3]
-    assert config.floor_at(64) == pytest.approx(1.87) and config.floor_at(2048) == pytest.approx(1.43)
-    assert config.floor_at(1024) < config.floor_at(512) < config.floor_at(256)  # deeper: more speed to spend
-    assert CalibrationConfig(min_speedup=1.9).floor_at(2048) == 1.9 and CalibrationConfig(min_speedup=0).floor_at(64) == 0

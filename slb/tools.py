@@ -89,17 +89,21 @@ def tool_text(tool: ToolEntry, recipe: str = DEFAULT_RECIPE) -> str:
     return text
 
 
-def _param_text(name: str, prop: Any, max_enum: int = 20) -> str:
-    """`unit (the unit of the result) one of celsius, fahrenheit` for one schema property."""
-    out = _split_identifier(name)
+def _prop_words(prop: Any, max_enum: int = 20) -> tuple[str, list[str]]:
+    """(stripped description or "", first `max_enum` enum values as strings) of one schema property."""
     if not isinstance(prop, dict):
-        return out
+        return "", []
     desc = prop.get("description")
-    if isinstance(desc, str) and desc.strip():
-        out += f" ({desc.strip().rstrip('.')})"
-    if isinstance(prop.get("enum"), list) and prop["enum"]:
-        out += " one of " + ", ".join(str(e) for e in prop["enum"][:max_enum])
-    return out
+    enum = prop.get("enum")
+    desc = desc.strip() if isinstance(desc, str) else ""
+    return desc, [str(e) for e in enum[:max_enum]] if isinstance(enum, list) else []
+
+
+def _param_text(name: str, prop: Any) -> str:
+    """`unit (the unit of the result) one of celsius, fahrenheit` for one schema property."""
+    desc, enum = _prop_words(prop)
+    return (_split_identifier(name) + (f" ({desc.rstrip('.')})" if desc else "")
+            + (" one of " + ", ".join(enum) if enum else ""))
 
 
 def lexical_text(tool: ToolEntry, max_enum: int = 20) -> str:
@@ -118,10 +122,8 @@ def lexical_text(tool: ToolEntry, max_enum: int = 20) -> str:
             out.append(_split_identifier(str(name)))
             if not isinstance(prop, dict):
                 continue
-            if isinstance(prop.get("description"), str):
-                out.append(prop["description"])
-            if isinstance(prop.get("enum"), list):
-                out.extend(str(e) for e in prop["enum"][:max_enum])
+            desc, enum = _prop_words(prop, max_enum)
+            out.extend([desc, *enum])
             walk(prop, depth + 1)
             walk(prop.get("items"), depth + 1)
 

@@ -54,6 +54,7 @@ def run_backend(name: str, args) -> dict:
     from splice.compiler import block_key, block_path, compile_blocks
     from splice.fidelity import CaseRunner, decisive, kl_top1, make_case, sample_tools
     from splice.profile import load_profile
+    from splice.prompt import CONTEXTS, context_for
 
     backend = load_backend(name)
     depths = [int(d) for d in args.depths.split(",")]
@@ -64,12 +65,13 @@ def run_backend(name: str, args) -> dict:
     tools = sample_tools(args.tool_file, backend.tokenizer, args.n_tools, seed=args.seed)
     compile_blocks(backend, tools, progress=False)
     out = {"profile": {"curve": profile.curve, "max_depth": profile.max_depth, "calibrated": bool(profile.measured),
-                       "calibration_tools": args.calib_tools if args.calibrate else None},
+                       "calibration_tools": args.calib_tools if args.calibrate else None, "block_contexts": list(CONTEXTS)},
            "tools": [t.name for t in tools], "depths": {}}
     for depth in depths:
         acc = {v: [] for v in VARIANTS}
         for i, tool in enumerate(tools):
-            _, kv = load_block(block_path(backend, tool), block_key(backend, tool))
+            c = context_for(depth)
+            _, kv = load_block(block_path(backend, tool, context=c), block_key(backend, tool, c))
             n_tokens = len(kv)
             runner = CaseRunner(backend, make_case(backend.tokenizer, tool, depth, seed=args.seed + i))
             try:

@@ -22,7 +22,7 @@ from native.base import KVRange
 from nexus_agent.atomic import write_atomic
 
 MAGIC = b"NXKVB\x00\x01\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: blocks carry `context` (compiled after generic conversation tokens)
 _ALIGN = 64
 
 
@@ -39,6 +39,7 @@ class BlockKey:
     tokenizer: str
     tool: str
     schema_hash: str
+    context: int = 0  # generic conversation tokens the block was compiled after (splice.prompt.CONTEXTS)
 
 
 def _digest(header: dict, payload: memoryview | bytes) -> str:

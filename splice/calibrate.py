@@ -25,6 +25,7 @@ from splice.block import load_block
 from splice.compiler import CompileConfig, block_key, block_path, compile_blocks
 from splice.fidelity import CaseRunner, decisive, kl_top1, make_case
 from splice.profile import RepairPlan, SpliceProfile
+from splice.prompt import CONTEXTS, context_for
 
 
 @dataclass
@@ -117,11 +118,13 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
     if not tools:
         raise ValueError("calibration needs at least one tool")
     compile_blocks(backend, tools, CompileConfig(root=str(root) if root else None), progress=False)
-    blocks = {t.name: load_block(block_path(backend, t, root), block_key(backend, t))[1] for t in tools}
-    n_tokens = int(np.mean([len(kv) for kv in blocks.values()]))
+    by_context = {c: {t.name: load_block(block_path(backend, t, root, c), block_key(backend, t, c))[1] for t in tools}
+                  for c in CONTEXTS}
+    n_tokens = int(np.mean([len(kv) for kv in by_context[0].values()]))
     cands = candidates(config, n_tokens, backend.info.n_layers, backend.capabilities.can_recompute_kv)
     curve, table, max_depth = [], {}, -1
     for depth in sorted(config.depths):
+        blocks = by_context[context_for(depth)]
         runners = [CaseRunner(backend, make_case(backend.tokenizer, t, depth, config.seed + i)) for i, t in enumerate(tools)]
         try:
             refs = [r.reference() for r in runners]
@@ -142,4 +145,4 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
         curve.append([depth, *chosen[1]])
         max_depth = depth
     return SpliceProfile(backend=backend.name, fingerprint=backend.info.fingerprint, target_kl=config.target_kl,
-                         curve=curve or [[0, 0]], max_depth=max_depth, measured=table)
+                         curve=curve or [[0, 0]], max_depth=max_depth, measured=table, contexts=list(CONTEXTS))

@@ -1,9 +1,12 @@
 """Compile tool-schema segments into KV block files: prefill at the anchor (after the system prompt), export.
 
-One file per (backend, model fingerprint, tool, schema hash): `blocks/<fp>/<backend>/<tool>@<hash16>.kvb`.
-The preamble is prefilled once per run and every tool's segment is compiled right after it (anchor m0 =
-preamble length), so each block's hidden states saw the attention sink and the system text (DESIGN section 6).
-Incremental through the registry's staleness API (artefact kind `kv_block:<backend>`).
+One file per (backend, model fingerprint, tool, schema hash, context):
+`blocks/<fp>/<backend>/<tool>@<hash16>.c<context>.kvb`. For each context c in `CONTEXTS` the preamble and c
+tokens of a generic conversation (`splice.prompt.context_tokens`) are prefilled once per run and every tool's
+segment is compiled right after them (anchor m0 = preamble length + c), so each block's hidden states saw the
+attention sink, the system text (DESIGN section 6) and, for c > 0, a conversation like the one it is spliced
+into at depth (the splicer picks the context per depth: `splice.prompt.context_for`).
+Incremental through the registry's staleness API (artefact kind `kv_block:<backend>`) and the block headers.
 """
 
 from __future__ import annotations
@@ -16,22 +19,23 @@ from tqdm import tqdm
 
 from nexus_agent.home import home_path
 from registry.model import Tool
-from splice.block import BlockKey, write_block
-from splice.prompt import DEFAULT_SYSTEM, preamble_tokens, segment_tokens, tokens_hash
+from splice.block import BlockError, BlockKey, read_header, write_block
+from splice.prompt import CONTEXTS, DEFAULT_SYSTEM, context_tokens, preamble_tokens, segment_tokens, tokens_hash
 
 
 def artefact_kind(backend) -> str:
     return f"kv_block:{backend.name}"
 
 
-def block_key(backend, tool: Tool) -> BlockKey:
+def block_key(backend, tool: Tool, context: int = 0) -> BlockKey:
     return BlockKey(backend=backend.name, fingerprint=backend.info.fingerprint, tokenizer=backend.tokenizer.digest,
-                    tool=tool.name, schema_hash=tool.schema_hash)
+                    tool=tool.name, schema_hash=tool.schema_hash, context=context)
 
 
-def block_path(backend, tool: Tool, root: Path | None = None) -> Path:
-    """Where the block of `tool` for this backend and model lives (under NEXUS_HOME/blocks unless `root`)."""
-    name = f"{tool.name}@{tool.schema_hash[:16]}.kvb"
+def block_path(backend, tool: Tool, root: Path | None = None, context: int = 0) -> Path:
+    """Where the block of `tool` compiled after `context` generic conversation tokens lives for this backend and
+    model (under NEXUS_HOME/blocks unless `root`)."""
+    name = f"{tool.name}@{tool.schema_hash[:16]}.c{context}.kvb"
     if root is not None:
         return Path(root) / backend.info.fingerprint / backend.name / name
     return home_path("blocks", backend.info.fingerprint, backend.name, name)
@@ -42,26 +46,30 @@ class CompileConfig:
     system: str = DEFAULT_SYSTEM  # the system prompt the blocks are anchored after
     max_tokens: int = 2048  # refuse segments longer than this (a schema that large belongs in text)
     root: str | None = None  # block folder (default: NEXUS_HOME/blocks)
+    contexts: tuple[int, ...] = CONTEXTS  # generic conversation tokens before the segment; one block per entry
 
     def __post_init__(self):
+        if 0 not in self.contexts or min(self.contexts) < 0:
+            raise ValueError(f"CompileConfig.contexts must be token counts >= 0 including 0, got {self.contexts}")
         if not self.system.strip():
             raise ValueError("CompileConfig.system must be the real system prompt, not empty")
         if self.max_tokens < 1:
             raise ValueError(f"CompileConfig.max_tokens must be >= 1, got {self.max_tokens}")
 
 
-def header_for(backend, tool: Tool, anchor: int, preamble: list[int]) -> dict:
+def header_for(backend, tool: Tool, anchor: int, preamble: list[int], context: list[int] = ()) -> dict:
     i = backend.info
     return {
-        **vars(block_key(backend, tool)),
-        "anchor": anchor, "preamble_hash": tokens_hash(preamble),
+        **vars(block_key(backend, tool, len(context))),
+        "anchor": anchor, "preamble_hash": tokens_hash(preamble), "context_hash": tokens_hash(list(context)),
         "layout": {"n_layers": i.n_layers, "n_kv_heads": i.n_kv_heads, "head_dim": i.head_dim},
         "rope": {"type": "interleaved" if i.rope_traditional else "half-split", "base": i.rope_base, "scale": 1.0},
     }
 
 
 def compile_blocks(backend, tools: Iterable[Tool], config: CompileConfig | None = None, progress: bool = True) -> list[Path]:
-    """Compile one block per tool; returns the written paths in order. Raises ValueError for oversized tools."""
+    """Compile the blocks of each tool, one per context; returns the written paths (tool-major order).
+    Raises ValueError for oversized tools."""
     config = config or CompileConfig()
     tools = list(tools)
     pre = preamble_tokens(backend.tokenizer, config.system)
@@ -69,28 +77,51 @@ def compile_blocks(backend, tools: Iterable[Tool], config: CompileConfig | None 
     for t, s in zip(tools, segs):
         if len(s) > config.max_tokens:
             raise ValueError(f"tool {t.name}: schema segment is {len(s)} tokens > max_tokens={config.max_tokens}")
-    longest = max((len(s) for s in segs), default=0)
-    out = []
     if not tools:
-        return out
-    session = backend.new_session(n_ctx=len(pre) + longest + 16)
+        return []
+    root = Path(config.root) if config.root else None
+    contexts = sorted(set(config.contexts))
+    session = backend.new_session(n_ctx=len(pre) + max(contexts) + max(len(s) for s in segs) + 16)
+    written: dict[tuple[int, int], Path] = {}
+    bar = tqdm(total=len(tools) * len(contexts), desc="compile", unit="block", disable=not progress)
     try:
-        session.prefill(pre)
-        m0 = session.n_past
-        for tool, seg in tqdm(list(zip(tools, segs)), desc="compile", unit="block", disable=not progress):
-            session.prefill(seg)
-            kv = session.export_kv(m0, m0 + len(seg))
-            session.remove(m0, session.n_past)
-            root = Path(config.root) if config.root else None
-            out.append(write_block(block_path(backend, tool, root), header_for(backend, tool, m0, pre), kv))
+        for c in contexts:
+            ctx = context_tokens(backend.tokenizer, c)
+            session.remove(0, session.n_past)
+            session.prefill(pre + ctx)
+            m0 = session.n_past
+            for i, (tool, seg) in enumerate(zip(tools, segs)):
+                session.prefill(seg)
+                kv = session.export_kv(m0, m0 + len(seg))
+                session.remove(m0, session.n_past)
+                written[i, c] = write_block(block_path(backend, tool, root, c), header_for(backend, tool, m0, pre, ctx), kv)
+                bar.update()
     finally:
+        bar.close()
         session.close()
-    return out
+    return [written[i, c] for i in range(len(tools)) for c in contexts]
+
+
+def blocks_current(backend, tool: Tool, config: CompileConfig | None = None) -> bool:
+    """Whether every block of `tool` exists with a header matching the current key (format, model, tokenizer,
+    schema, context). Reads headers only; the checksum is verified when a block is loaded."""
+    config = config or CompileConfig()
+    root = Path(config.root) if config.root else None
+    for c in set(config.contexts):
+        path = block_path(backend, tool, root, c)
+        try:
+            header, _ = read_header(path) if path.exists() else ({}, 0)
+        except BlockError:
+            return False
+        if not header or any(header.get(k) != v for k, v in vars(block_key(backend, tool, c)).items()):
+            return False
+    return True
 
 
 def compile_stale(backend, store, config: CompileConfig | None = None, names: list[str] | None = None,
                   force: bool = False, progress: bool = True) -> list[Path]:
-    """Compile the registry's tools whose block is missing or stale (or all of `names`/all with `force`)."""
+    """Compile the registry's tools (or just `names`) whose blocks are stale in the registry, missing or
+    outdated on disk; all of them with `force`."""
     kind = artefact_kind(backend)
     if names:
         tools = [store.get_tool(n) for n in names]
@@ -98,12 +129,10 @@ def compile_stale(backend, store, config: CompileConfig | None = None, names: li
         if missing:
             raise ValueError(f"not in the registry: {', '.join(missing)} (see `nexus tools list`)")
     else:
+        tools = store.list_tools()
+    if not force:
         stale = {t.name for t in store.stale_tools(kind)}
-        tools = [t for t in store.list_tools() if force or t.name in stale
-                 or not block_path(backend, t, Path(config.root) if config and config.root else None).exists()]
-    if names and not force:
-        stale = {t.name for t in store.stale_tools(kind)}
-        tools = [t for t in tools if t.name in stale or not block_path(backend, t, config and config.root).exists()]
+        tools = [t for t in tools if t.name in stale or not blocks_current(backend, t, config)]
     paths = compile_blocks(backend, tools, config, progress)
     for tool in tools:
         store.mark_fresh(tool.name, kind, tool.schema_hash)

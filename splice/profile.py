@@ -57,6 +57,7 @@ class SpliceProfile:
     curve: list[list[int]] = field(default_factory=lambda: [[2048, 16]])
     max_depth: int = 2048
     measured: dict = field(default_factory=dict)  # the calibration table the curve came from
+    contexts: list[int] = field(default_factory=list)  # the block contexts it was calibrated with (prompt.CONTEXTS)
 
     def __post_init__(self):
         curve = []
@@ -102,7 +103,10 @@ def profile_path(fingerprint: str) -> Path:
 
 
 def load_profile(backend) -> SpliceProfile:
-    """The calibrated profile of this backend+model, or the uncalibrated default (head-16 up to 2048)."""
+    """The calibrated profile of this backend+model, or the uncalibrated default (head-16 up to 2048) when none
+    was calibrated or it was calibrated for other block contexts (blocks of an older format)."""
+    from splice.prompt import CONTEXTS
+
     path = profile_path(backend.info.fingerprint)
     try:
         data = json.loads(path.read_text()).get("splice", {}).get(backend.name) if path.exists() else None
@@ -113,4 +117,6 @@ def load_profile(backend) -> SpliceProfile:
         raise ValueError(f"{path}: unreadable splice profile ({e}); rerun `nexus splice calibrate`") from None
     if prof.fingerprint != backend.info.fingerprint or prof.backend != backend.name:
         raise ValueError(f"{path}: profile is for another model/backend; rerun `nexus splice calibrate`")
+    if prof.contexts != list(CONTEXTS):
+        return SpliceProfile(backend=backend.name, fingerprint=backend.info.fingerprint)
     return prof

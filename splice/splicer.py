@@ -1,7 +1,7 @@
 """Splice a compiled block into a live session at its current depth, with the planned repair; fail closed.
 
-`splice_tool` is what the agent calls: it loads (mmap) and verifies the block, asks the profile for a plan
-and applies it. Any block problem (missing, foreign, stale, corrupted, truncated) or a plan of `text` prefills
+`splice_tool` is what the agent calls: it loads (mmap) and verifies the block of the context that fits the depth
+(`splice.prompt.context_for`), asks the profile for a plan and applies it. Any block problem (missing, foreign, stale, corrupted, truncated) or a plan of `text` prefills
 the segment as text instead, so a splice is never worse than text prefill and never uses a wrong block.
 """
 
@@ -18,7 +18,7 @@ from registry.model import Tool
 from splice.block import BlockError, load_block
 from splice.compiler import block_key, block_path
 from splice.profile import RepairPlan, SpliceProfile, load_profile
-from splice.prompt import segment_tokens
+from splice.prompt import context_for, segment_tokens
 
 
 @dataclass
@@ -76,7 +76,8 @@ def splice_tool(session, backend, tool: Tool, depth: int, profile: SpliceProfile
     profile = profile or load_profile(backend)
     t0 = time.perf_counter()
     try:
-        header, kv = load_block(block_path(backend, tool, root), block_key(backend, tool))
+        c = context_for(depth)
+        header, kv = load_block(block_path(backend, tool, root, c), block_key(backend, tool, c))
         if not tokens_match(kv, segment_tokens(backend.tokenizer, tool)):
             raise BlockError(f"block of {tool.name} holds other tokens than the current prompt format; recompile it")
     except BlockError as e:

@@ -43,7 +43,7 @@ DAMAGE = {
     "other_model": ("KV block from another model",
                     lambda p, h: _edit_header(p, h["fingerprint"].encode(), b"f" * len(h["fingerprint"])), "fingerprint"),
     "older_format": ("KV block in an older format",
-                     lambda p, h: _edit_header(p, b'"format_version": 1', b'"format_version": 0'), "format"),
+                     lambda p, h: _edit_header(p, b'"format_version": 2', b'"format_version": 1'), "format"),
 }
 
 

@@ -17,6 +17,7 @@ from slb.build import build_buffer
 from slb.embedder import Embedder
 from slb.service import buffer_path
 from splice.compiler import compile_stale
+from splice.prompt import CONTEXTS
 
 NEXUS = Path(sys.executable).with_name("nexus")
 
@@ -50,7 +51,8 @@ def test_doctor_reports_stale_and_corrupted_artefacts(llamacpp_backend, nexus_ho
         rows = _rows(store)
         assert not rows["slb buffer"][0] and "1 changed (add)" in rows["slb buffer"][1]
         assert "nexus slb build" in rows["slb buffer"][1]
-        assert rows["kv blocks"][1].startswith(f"{len(blocks) - 2} ok, 1 stale, 1 broken")
+        n = len(CONTEXTS)  # blocks per tool: all of `add`'s are stale
+        assert rows["kv blocks"][1].startswith(f"{len(blocks) - n - 1} ok, {n} stale, 1 broken")
         assert broken_block.name in rows["kv blocks broken"][1] and "checksum" in rows["kv blocks broken"][1]
         assert "add@" in rows["kv blocks stale"][1] and "nexus compile" in rows["kv blocks stale"][1]
 

@@ -56,7 +56,7 @@ def test_damaged_block_is_refused(mlx_backend, mlx_block, damage):
         load_block(mlx_block, block_key(mlx_backend, TOOL))
 
 
-@pytest.mark.parametrize("field", ["fingerprint", "tokenizer", "tool", "schema_hash", "backend"])
+@pytest.mark.parametrize("field", ["fingerprint", "tokenizer", "tool", "schema_hash", "backend", "context"])
 def test_foreign_block_is_refused(mlx_backend, mlx_block, field):
     key = vars(block_key(mlx_backend, TOOL)) | {field: "something-else"}
     with pytest.raises(BlockError, match=field):

@@ -12,7 +12,8 @@ from registry.store import RegistryStore
 from splice.block import load_block
 from splice.compiler import artefact_kind, block_key, block_path, compile_blocks, compile_stale
 from splice.fidelity import CaseRunner, kl_top1, make_case
-from splice.profile import RepairPlan, SpliceProfile
+from splice.profile import RepairPlan, SpliceProfile, load_profile
+from splice.prompt import CONTEXTS, context_for
 from splice.splicer import splice_tool
 from splice_fixtures import TOOL
 
@@ -65,15 +66,21 @@ def test_llamacpp_head_repair_imports_a_sub_range(llamacpp_backend):
 
 
 def test_compile_is_incremental(mlx_backend, nexus_home):
+    """Only stale tools are compiled; a block missing for one context, or written in an older format, makes its
+    tool stale too (all its contexts are rewritten)."""
     with RegistryStore() as store:
         store.add_tools([TOOL])
-        assert len(compile_stale(mlx_backend, store, progress=False)) == 1
+        assert len(compile_stale(mlx_backend, store, progress=False)) == len(CONTEXTS)
         mtime = block_path(mlx_backend, TOOL).stat().st_mtime_ns
         assert compile_stale(mlx_backend, store, progress=False) == []
         assert not store.stale_tools(artefact_kind(mlx_backend))
-        block_path(mlx_backend, TOOL).unlink()
-        assert len(compile_stale(mlx_backend, store, progress=False)) == 1  # a missing file is stale too
+        block_path(mlx_backend, TOOL, context=256).unlink()
+        assert len(compile_stale(mlx_backend, store, progress=False)) == len(CONTEXTS)
         assert block_path(mlx_backend, TOOL).stat().st_mtime_ns >= mtime
+        p = block_path(mlx_backend, TOOL)
+        p.write_bytes(p.read_bytes().replace(b'"format_version": 2', b'"format_version": 1', 1))
+        assert len(compile_stale(mlx_backend, store, progress=False)) == len(CONTEXTS)
+        load_block(p, block_key(mlx_backend, TOOL))  # rewritten in the current format
 
 
 def _spliced_logits(backend, profile):
@@ -171,3 +178,29 @@ def test_profile_curve_with_blend_entries():
         RepairPlan("blend", 0)  # blend needs a share to recompute
     with pytest.raises(ValueError):
         SpliceProfile("mlx", "fp", curve=[[0, 0, 150]])
+
+
+def test_context_follows_depth():
+    assert [context_for(d) for d in (0, 64, 255, 256, 2048)] == [0, 0, 0, 256, 256] and CONTEXTS == (0, 256)
+
+
+def test_block_compiled_after_a_conversation_is_closer_at_depth(mlx_backend):
+    """At depth 300 the block compiled after 256 generic conversation tokens (what the splicer picks there) is
+    nearer the text prefill than the block compiled right after the system prompt, re-anchored or repaired."""
+    compile_blocks(mlx_backend, [TOOL], progress=False)
+    kv = {c: load_block(block_path(mlx_backend, TOOL, context=c), block_key(mlx_backend, TOOL, c))[1] for c in CONTEXTS}
+    assert int(kv[256].positions[0]) == int(kv[0].positions[0]) + 256 and list(kv[256].tokens) == list(kv[0].tokens)
+    r = CaseRunner(mlx_backend, make_case(mlx_backend.tokenizer, TOOL, 300))
+    ref = r.reference()
+    kls = {(c, p.n): kl_top1(ref, r.run(kv[c], p)[0])[0] for c in CONTEXTS
+           for p in (RepairPlan("none", 0), RepairPlan("head", 32))}
+    r.close()
+    assert kls[256, 0] < kls[0, 0] and kls[256, 32] < kls[0, 32]
+
+
+def test_profile_calibrated_for_other_contexts_is_not_used(mlx_backend, nexus_home):
+    old = SpliceProfile("mlx", mlx_backend.info.fingerprint, curve=[[2048, 0]], measured={"0": {}}, contexts=[0])
+    old.save()
+    assert load_profile(mlx_backend) == SpliceProfile("mlx", mlx_backend.info.fingerprint)  # uncalibrated default
+    SpliceProfile(**{**vars(old), "contexts": list(CONTEXTS)}).save()
+    assert load_profile(mlx_backend).curve == [[2048, 0]]

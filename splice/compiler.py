@@ -1,4 +1,4 @@
-"""Compile tool-schema segments into KV block files: prefill at the anchor (after the system prompt), export.
+"""Compile tool-schema segments into KV block files: prefill after the system prompt and a context, export.
 
 One file per (backend, model fingerprint, tool, schema hash, context):
 `blocks/<fp>/<backend>/<tool>@<hash16>.c<context>.kvb`. For each context c in `CONTEXTS` the preamble and c

@@ -46,11 +46,8 @@ class CompileConfig:
     system: str = DEFAULT_SYSTEM  # the system prompt the blocks are anchored after
     max_tokens: int = 2048  # refuse segments longer than this (a schema that large belongs in text)
     root: str | None = None  # block folder (default: NEXUS_HOME/blocks)
-    contexts: tuple[int, ...] = CONTEXTS  # generic conversation tokens before the segment; one block per entry
 
     def __post_init__(self):
-        if 0 not in self.contexts or min(self.contexts) < 0:
-            raise ValueError(f"CompileConfig.contexts must be token counts >= 0 including 0, got {self.contexts}")
         if not self.system.strip():
             raise ValueError("CompileConfig.system must be the real system prompt, not empty")
         if self.max_tokens < 1:
@@ -80,12 +77,11 @@ def compile_blocks(backend, tools: Iterable[Tool], config: CompileConfig | None 
     if not tools:
         return []
     root = Path(config.root) if config.root else None
-    contexts = sorted(set(config.contexts))
-    session = backend.new_session(n_ctx=len(pre) + max(contexts) + max(len(s) for s in segs) + 16)
+    session = backend.new_session(n_ctx=len(pre) + max(CONTEXTS) + max(len(s) for s in segs) + 16)
     written: dict[tuple[int, int], Path] = {}
-    bar = tqdm(total=len(tools) * len(contexts), desc="compile", unit="block", disable=not progress)
+    bar = tqdm(total=len(tools) * len(CONTEXTS), desc="compile", unit="block", disable=not progress)
     try:
-        for c in contexts:
+        for c in CONTEXTS:
             ctx = context_tokens(backend.tokenizer, c)
             session.remove(0, session.n_past)
             session.prefill(pre + ctx)
@@ -99,21 +95,20 @@ def compile_blocks(backend, tools: Iterable[Tool], config: CompileConfig | None 
     finally:
         bar.close()
         session.close()
-    return [written[i, c] for i in range(len(tools)) for c in contexts]
+    return [written[i, c] for i in range(len(tools)) for c in CONTEXTS]
 
 
 def blocks_current(backend, tool: Tool, config: CompileConfig | None = None) -> bool:
     """Whether every block of `tool` exists with a header matching the current key (format, model, tokenizer,
     schema, context). Reads headers only; the checksum is verified when a block is loaded."""
-    config = config or CompileConfig()
-    root = Path(config.root) if config.root else None
-    for c in set(config.contexts):
+    root = Path(config.root) if config and config.root else None
+    for c in CONTEXTS:
         path = block_path(backend, tool, root, c)
         try:
-            header, _ = read_header(path) if path.exists() else ({}, 0)
-        except BlockError:
+            header, _ = read_header(path)
+        except BlockError:  # missing, unreadable or another format
             return False
-        if not header or any(header.get(k) != v for k, v in vars(block_key(backend, tool, c)).items()):
+        if any(header.get(k) != v for k, v in vars(block_key(backend, tool, c)).items()):
             return False
     return True
 

@@ -81,9 +81,9 @@ def context_tokens(tokenizer, n: int) -> list[int]:
             return full[len(head) : len(head) + n]
 
 
-def context_for(depth: int, contexts: tuple[int, ...] = CONTEXTS) -> int:
+def context_for(depth: int) -> int:
     """The block context a splice at `depth` tokens after the system prompt uses: the largest one <= depth."""
-    return max(c for c in contexts if c <= max(depth, 0))
+    return max(c for c in CONTEXTS if c <= max(depth, 0))
 
 
 def tokens_hash(tokens: list[int]) -> str:

@@ -1,8 +1,9 @@
 """Splice a compiled block into a live session at its current depth, with the planned repair; fail closed.
 
 `splice_tool` is what the agent calls: it loads (mmap) and verifies the block of the context that fits the depth
-(`splice.prompt.context_for`), asks the profile for a plan and applies it. Any block problem (missing, foreign, stale, corrupted, truncated) or a plan of `text` prefills
-the segment as text instead, so a splice is never worse than text prefill and never uses a wrong block.
+(`splice.prompt.context_for`), asks the profile for a plan and applies it. Any block problem (missing, foreign,
+stale, corrupted, truncated) or a plan of `text` prefills the segment as text instead, so a splice is never worse
+than text prefill and never uses a wrong block.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ PLANS: dict[str, list[str]] = {
     "scan": ["--sizes", "250,1000,10000,100000", "--repeats", "100"],
     "routing": ["--sizes", "10,50,100,250", "--train-steps", "150",
                 "--irrelevant", str(PUBLIC_DATA / "queries_irrelevant.jsonl")],
-    "splice": ["--backend", "llamacpp,mlx", "--depths", "0,64,256,512,1024,2048", "--n-tools", "8", "--calib-tools", "4",
+    "splice": ["--backend", "llamacpp,mlx", "--depths", "0,64,256,512,1024,2048", "--n-tools", "16", "--calib-tools", "4",
                "--calibrate"],
     "eviction": ["--quick"],
     "agent": ["--quick", "--sizes", "10,250"],

@@ -24,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="llamacpp,mlx", help="comma-separated: llamacpp, mlx")
     p.add_argument("--depths", default="0,64,256,512,1024,2048")
     p.add_argument("--tool-file", default=str(DEFAULT_CATALOG))
-    p.add_argument("--n-tools", type=int, default=8, help="eval tools (8 x 8 positions: one flip = 0.016 of top-1)")
+    p.add_argument("--n-tools", type=int, default=16,
+                   help="eval tools (16 x 8 positions: one flip = 0.008 of top-1, against the target's 0.02 slack)")
     p.add_argument("--calib-tools", type=int, default=4, help="calibration tools (with --calibrate)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calibrate", action="store_true", help="calibrate the profile first (else use the saved one)")

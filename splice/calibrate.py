@@ -6,12 +6,14 @@ recomputed by K/V deviation), tried cheapest first by estimated cost in token-fo
 passes at a depth when its mean KL over the calibration tools is within `kl_margin` x max(target_kl, 3 x the
 backend's text noise floor) (headroom for tools not calibrated on), its top-1 agreement is within 0.02 of the
 text variant's, and it is faster than the text prefill it replaces (the timing gate). Of the passing candidates
-whose TTFT speedup over text is at least `min_speedup`, the one with the lowest KL becomes the curve entry: speed
-beyond that floor is spent on fidelity, since a lower KL is what keeps near-tie top-1 flips rare. When none
-reaches the floor, the cheapest passing candidate is taken. Top-1 is counted on the decisive positions (the
-reference's top-1 leads by >= `decisive_margin` logits; 0 counts all): with a few dozen calibration positions, one
-flip at a near-tie (measured: every flip of a repaired splice on llama.cpp, depths 64-2048, had a lead < 0.5)
-would otherwise decide the curve by chance. The first depth where none passes ends the profile:
+whose TTFT speedup over text reaches the depth's floor (`floor_at`), the one with the lowest KL becomes the curve
+entry: speed beyond that floor is spent on fidelity, since a lower KL is what keeps near-tie top-1 flips rare. When
+none reaches the floor, the cheapest passing candidate is taken. That pick is for the calibration tools' mean block
+length; the profile keeps every passing plan with its relative TTFT, and `SpliceProfile.plan_for` redoes the pick
+for each block's own length (a fixed head is a larger share of a shorter block). Top-1 is counted on the decisive
+positions (the reference's top-1 leads by >= `decisive_margin` logits; 0 counts all): with a few dozen calibration
+positions, one flip at a near-tie (measured: every flip of a repaired splice on llama.cpp, depths 64-2048, had a
+lead < 0.5) would otherwise decide the curve by chance. The first depth where none passes ends the profile:
 from there on the splicer prefills text (fail closed).
 """
 
@@ -39,7 +41,8 @@ class CalibrationConfig:
     top1_slack: float = 0.02
     kl_margin: float = 0.85  # the chosen plan's calibration KL must stay below this share of the bar
     decisive_margin: float = 0.5  # logits; top-1 is checked where the reference leads by this much (0: everywhere)
-    min_speedup: float = 1.9  # TTFT speedup over text kept; faster passing plans trade speed for KL (0: cheapest)
+    min_speedup: float = 1.9  # TTFT speedup kept at depth <= 256; faster plans trade speed for KL (0: cheapest)
+    min_speedup_deep: float = 1.45  # the same floor at depth >= 2048, linear in depth between (the targets' shape)
     seed: int = 0
 
     def __post_init__(self):
@@ -53,12 +56,20 @@ class CalibrationConfig:
             raise ValueError(f"CalibrationConfig.decisive_margin must be >= 0 logits, got {self.decisive_margin}")
         if not 0 < self.kl_margin <= 1:
             raise ValueError(f"CalibrationConfig.kl_margin must be in (0, 1], got {self.kl_margin}")
-        if any(t <= 0 for t in self.tails) or self.min_speedup < 0:
-            raise ValueError(f"CalibrationConfig.tails must be positive token counts and min_speedup >= 0, got "
-                             f"{self.tails} / {self.min_speedup}")
+        if any(t <= 0 for t in self.tails) or min(self.min_speedup, self.min_speedup_deep) < 0:
+            raise ValueError(f"CalibrationConfig.tails must be positive token counts and min_speedup(_deep) >= 0, "
+                             f"got {self.tails} / {self.min_speedup} / {self.min_speedup_deep}")
         if any(not 0 < p <= 100 for p in self.blend_pcts) or any(h < 0 for h in self.blend_heads):
             raise ValueError(f"CalibrationConfig.blend_pcts must be in (0, 100] and blend_heads >= 0, got "
                              f"{self.blend_pcts} / {self.blend_heads}")
+
+    def floor_at(self, depth: int) -> float:
+        """The speed floor at `depth`: `min_speedup` up to 256 tokens, `min_speedup_deep` from 2048, linear between;
+        0 everywhere when min_speedup is 0 (take the cheapest passing plan)."""
+        if not self.min_speedup:
+            return 0.0
+        w = min(1.0, max(0.0, (depth - 256) / (2048 - 256)))
+        return (1 - w) * self.min_speedup + w * self.min_speedup_deep
 
 
 CALL_COST = 8  # token-forward equivalents of one more forward call (measured: a 4-token tail ~ 10-20 head tokens)
@@ -91,9 +102,11 @@ def _measure(refs, runners, blocks, plan, margin) -> dict:
             "top1_decisive": float(a[:, 3].sum() / max(1.0, a[:, 4].sum()))}
 
 
-def _choose(config, text, row, refs, runners, blocks, cands, bar_kl, bar_top1):
-    """Measure candidates cheapest first into `row`; return (key, curve entry tail) of the pick, or None."""
+def _choose(config, depth, text, row, refs, runners, blocks, cands, bar_kl, bar_top1, passing):
+    """Measure candidates cheapest first into `row`; return (key, curve entry tail) of the pick, or None.
+    Every passing plan is appended to `passing` as [head, blend_pct, tail, kl, TTFT / text TTFT]."""
     first = best = None
+    floor = config.floor_at(depth)
     for key, plan, tail in cands:
         row[key] = m = _measure(refs, runners, blocks, plan, config.decisive_margin)
         speedup = text["ttft_ms"] / m["ttft_ms"]
@@ -102,12 +115,13 @@ def _choose(config, text, row, refs, runners, blocks, cands, bar_kl, bar_top1):
             row["timing_gate"] = f"{key} {m['ttft_ms']:.0f} ms >= text {text['ttft_ms']:.0f} ms"
             break
         if passes:
+            passing.append([*(tail + [0, 0])[:3], m["kl"], m["ttft_ms"] / text["ttft_ms"]])
             first = first or (key, tail)
-            if speedup >= config.min_speedup and (best is None or m["kl"] < row[best[0]]["kl"]):
+            if speedup >= floor and (best is None or m["kl"] < row[best[0]]["kl"]):
                 best = (key, tail)
-            if not config.min_speedup or m["kl"] < 1e-6:
+            if not floor or m["kl"] < 1e-6:
                 break  # the cheapest passing plan was asked for, or this one is exact already
-        if first and speedup < config.min_speedup:
+        if first and speedup < floor:
             break  # the remaining candidates cost more: below the speed floor from here on
     return best or first
 
@@ -122,7 +136,7 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
                   for c in CONTEXTS}
     n_tokens = int(np.mean([len(kv) for kv in by_context[0].values()]))
     cands = candidates(config, n_tokens, backend.info.n_layers, backend.capabilities.can_recompute_kv)
-    curve, table, max_depth = [], {}, -1
+    curve, table, options, max_depth = [], {}, {}, -1
     for depth in sorted(config.depths):
         blocks = by_context[context_for(depth)]
         runners = [CaseRunner(backend, make_case(backend.tokenizer, t, depth, config.seed + i)) for i, t in enumerate(tools)]
@@ -131,8 +145,8 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
             text = _measure(refs, runners, None, RepairPlan("text"), config.decisive_margin)
             bar_kl = config.kl_margin * max(config.target_kl, 3 * text["kl"])
             bar_top1 = text["top1_decisive"] - config.top1_slack
-            row = {"text": text}
-            chosen = _choose(config, text, row, refs, runners, blocks, cands, bar_kl, bar_top1)
+            row, passing = {"text": text}, []
+            chosen = _choose(config, depth, text, row, refs, runners, blocks, cands, bar_kl, bar_top1, passing)
         finally:
             for r in runners:
                 r.close()
@@ -143,6 +157,24 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
         if chosen is None:
             break
         curve.append([depth, *chosen[1]])
+        options[str(depth)] = {"n_tokens": n_tokens, "block_share": block_share(row, n_tokens), "plans": passing,
+                               "min_speedup": config.floor_at(depth)}
         max_depth = depth
     return SpliceProfile(backend=backend.name, fingerprint=backend.info.fingerprint, target_kl=config.target_kl,
-                         curve=curve or [[0, 0]], max_depth=max_depth, measured=table, contexts=list(CONTEXTS))
+                         curve=curve or [[0, 0]], max_depth=max_depth, measured=table, contexts=list(CONTEXTS),
+                         options=options)
+
+
+def block_share(row: dict, n_tokens: int) -> float:
+    """Share of the text prefill's TTFT that grows with block length: (ms per head token, the least-squares
+    slope over the measured head-only plans) x mean block tokens / text TTFT; from head 0 alone, the text time
+    a splice saves. Clipped to [0, 1]."""
+    pts = [(min(int(k[4:]), n_tokens), v["ttft_ms"]) for k, v in row.items()
+           if k.startswith("head") and "+" not in k]
+    text = row["text"]["ttft_ms"]
+    if len(pts) >= 2:
+        h, ms = np.array(pts, dtype=np.float64).T
+        share = np.polyfit(h, ms, 1)[0] * n_tokens / text
+    else:
+        share = 1 - pts[0][1] / text if pts else 1.0
+    return float(np.clip(share, 0.0, 1.0))

@@ -25,7 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--heads", default="0,16,32,64,96,128,192", help="head lengths tried (tokens decoded as text)")
     c.add_argument("--tails", default="4", help="block-end tokens decoded as text, tried with every head")
     c.add_argument("--min-speedup", type=float, default=1.9,
-                   help="TTFT speedup over text to keep; faster plans spend the rest on fidelity (0: cheapest plan)")
+                   help="TTFT speedup over text to keep at depth <= 256; faster plans spend the rest on fidelity "
+                        "(0: cheapest plan)")
+    c.add_argument("--min-speedup-deep", type=float, default=1.45,
+                   help="the same floor at depth >= 2048 (linear in depth between)")
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=_calibrate)
 
@@ -57,6 +60,7 @@ def _calibrate(args) -> int:
     config = CalibrationConfig(depths=tuple(int(d) for d in args.depths.split(",")),
                                heads=tuple(int(h) for h in args.heads.split(",")),
                                tails=tuple(int(t) for t in args.tails.split(",") if t), min_speedup=args.min_speedup,
+                               min_speedup_deep=args.min_speedup_deep,
                                seed=args.seed)
     profile = calibrate(backend, calibration_tools(backend, args.tool_file, args.n_tools, args.seed), config)
     path = profile.save()

@@ -58,6 +58,7 @@ class SpliceProfile:
     max_depth: int = 2048
     measured: dict = field(default_factory=dict)  # the calibration table the curve came from
     contexts: list[int] = field(default_factory=list)  # the block contexts it was calibrated with (prompt.CONTEXTS)
+    options: dict = field(default_factory=dict)  # per calibrated depth: the passing plans, to fit a block's length
 
     def __post_init__(self):
         curve = []
@@ -73,15 +74,32 @@ class SpliceProfile:
                 entry.pop()
             curve.append(entry)
         self.curve = sorted(curve)
+        for d, o in self.options.items():
+            try:
+                ok = (int(d) >= 0 and o["n_tokens"] > 0 and 0 <= o["block_share"] <= 1 and o["min_speedup"] >= 0
+                      and o["plans"] and all(len(p) == 5 for p in o["plans"]))
+            except (KeyError, TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise ValueError(f"SpliceProfile.options[{d!r}] must hold n_tokens, block_share, min_speedup and "
+                                 f"plans [[head, pct, tail, kl, rel_time], ...]; got {o!r}")
         if self.target_kl <= 0:
             raise ValueError(f"SpliceProfile.target_kl must be > 0 nats, got {self.target_kl}")
 
     def plan_for(self, depth: int, n_tokens: int) -> RepairPlan:
-        """The repair for a splice at `depth` tokens after the system prompt of a block of `n_tokens`."""
+        """The repair for a splice at `depth` tokens after the system prompt of a block of `n_tokens`.
+
+        The curve entry is the pick for the calibration tools' mean block length. With `options`, the pick is
+        redone for this block's length: a fixed head costs a larger share of a shorter block, so the plan whose
+        calibrated speedup cleared the floor may not clear it here (measured, llama.cpp depth 256: head 96
+        gave 1.91x on 222-token calibration blocks, 1.69x on 198-token eval blocks).
+        """
         if depth > self.max_depth:
             return RepairPlan("text", n_tokens)
         for d, n, pct, tail in (e + [0] * (4 - len(e)) for e in self.curve):
             if depth <= d:
+                if str(d) in self.options:
+                    n, pct, tail = fit_length(self.options[str(d)], n_tokens)
                 if n + tail >= n_tokens:
                     return RepairPlan("text", n_tokens)
                 if pct:
@@ -96,6 +114,30 @@ class SpliceProfile:
         data.setdefault("splice", {})[self.backend] = asdict(self)
         write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
         return path
+
+
+def fit_length(option: dict, n_tokens: int) -> tuple[int, int, int]:
+    """(head, blend_pct, tail) of the calibrated plans for a block of `n_tokens`, by calibration's own rule: the
+    lowest KL among plans predicted to reach the speed floor, else the cheapest plan that passed.
+
+    `option`: {"min_speedup": the floor at this depth (0: the cheapest plan), "n_tokens": calibration's mean block
+    length, "block_share": share of the text prefill's time that grows with block length, "plans": [[head, pct,
+    tail, kl, rel_time], ...] cheapest first, rel_time = plan TTFT / text TTFT at calibration}. Text time scales
+    by 1 + share * (n / n_cal - 1); a head or tail plan decodes the same tokens at any length, a blend's
+    recomputed share grows with the block.
+    """
+    plans = option["plans"]
+    if not plans:
+        raise ValueError("a calibrated depth without passing plans has no curve entry")
+    grow = option["block_share"] * (n_tokens / option["n_tokens"] - 1)
+
+    def speedup(p):
+        return (1 + grow) / max(1e-9, p[4] + grow * p[1] / 100)
+
+    floor = option["min_speedup"]
+    fast = [p for p in plans if floor and speedup(p) >= floor]
+    head, pct, tail = (min(fast, key=lambda p: p[3]) if fast else plans[0])[:3]
+    return int(head), int(pct), int(tail)
 
 
 def profile_path(fingerprint: str) -> Path:

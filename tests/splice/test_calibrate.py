@@ -3,7 +3,7 @@
 import pytest
 
 from splice.calibrate import CalibrationConfig, calibrate, candidates
-from splice.profile import RepairPlan
+from splice.profile import RepairPlan, SpliceProfile, fit_length
 from splice_fixtures import TOOL
 
 
@@ -18,6 +18,7 @@ def test_calibration_curve_follows_its_own_measurements(llamacpp_backend):
     # at the anchor the re-anchored block is the text prefill: the cheapest plan (no repair) must be chosen
     assert table["0"]["head0"]["kl"] < 1e-6 and profile.plan_for(0, 100) == RepairPlan("none", 0)
     order = [k for k, _, _ in candidates(config, 100, 30, can_blend=False)]
+    curve_only = SpliceProfile(profile.backend, profile.fingerprint, curve=profile.curve, max_depth=profile.max_depth)
     for depth, *entry in profile.curve:
         row = table[str(depth)]
         text = row["text"]
@@ -25,11 +26,16 @@ def test_calibration_curve_follows_its_own_measurements(llamacpp_backend):
         top1_bar = text["top1_decisive"] - config.top1_slack
         passing = [k for k in order if k in row and row[k]["kl"] <= bar and row[k]["top1_decisive"] >= top1_bar
                    and row[k]["ttft_ms"] < text["ttft_ms"]]  # the timing gate
-        fast = [k for k in passing if text["ttft_ms"] / row[k]["ttft_ms"] >= config.min_speedup]
+        fast = [k for k in passing if text["ttft_ms"] / row[k]["ttft_ms"] >= config.floor_at(depth)]
         chosen = _key(*entry)
         assert chosen in passing
         # the lowest KL above the speed floor, else the cheapest plan that passes
         assert chosen == (min(fast, key=lambda k: row[k]["kl"]) if fast else passing[0])
+        # the options keep the passing plans measured, and at calibration's block length give the same pick
+        opt = profile.options[str(depth)]
+        assert [_key(*p[:3]) for p in opt["plans"]] == passing and opt["min_speedup"] == config.floor_at(depth)
+        assert fit_length(opt, opt["n_tokens"]) == tuple((entry + [0, 0])[:3])
+        assert profile.plan_for(depth, opt["n_tokens"]) == curve_only.plan_for(depth, opt["n_tokens"])
     assert profile.max_depth == max(d for d, *_ in profile.curve)
 
 
@@ -42,5 +48,9 @@ def test_calibration_config_rejects_nonsense():
         CalibrationConfig(tails=(0,))
     with pytest.raises(ValueError, match="min_speedup"):
         CalibrationConfig(min_speedup=-1)
+    with pytest.raises(ValueError, match="min_speedup"):
+        CalibrationConfig(min_speedup_deep=-1)
+    floors = [CalibrationConfig().floor_at(d) for d in (0, 256, 1152, 2048, 4096)]
+    assert floors == pytest.approx([1.9, 1.9, 1.675, 1.45, 1.45]) and CalibrationConfig(min_speedup=0).floor_at(64) == 0
     with pytest.raises(ValueError, match="heads"):
         CalibrationConfig(heads=(64, 16))

@@ -180,6 +180,26 @@ def test_profile_curve_with_blend_entries():
         SpliceProfile("mlx", "fp", curve=[[0, 0, 150]])
 
 
+def test_profile_fits_the_plan_to_the_block_length():
+    """With calibration's options, plan_for redoes calibration's pick (lowest KL above the speed floor, else the
+    cheapest passing plan) for the block's own length: text time shrinks with the block, a head plan's does not."""
+    plans = [[32, 0, 4, 0.005, 0.30], [64, 0, 0, 0.004, 0.42], [96, 0, 0, 0.003, 0.52]]
+    opt = {"n_tokens": 200, "block_share": 0.8, "min_speedup": 1.9, "plans": plans}
+    p = SpliceProfile("llamacpp", "fp", curve=[[256, 96]], max_depth=256, options={"256": opt})
+    assert p.plan_for(256, 200) == RepairPlan("head", 96)  # calibration's own length: its curve entry
+    assert p.plan_for(256, 400) == RepairPlan("head", 96)
+    assert p.plan_for(100, 150) == RepairPlan("head", 64)  # 96 would give 0.8 / 0.52 = 1.54x
+    assert p.plan_for(256, 100) == RepairPlan("head", 32, tail=4)  # 0.6 / 0.30 = 2.0x
+    assert p.plan_for(256, 60) == RepairPlan("head", 32, tail=4)  # none reaches the floor: the cheapest that passed
+    assert p.plan_for(256, 30).mode == "text"
+    cheapest = SpliceProfile("llamacpp", "fp", curve=[[256, 32, 0, 4]], max_depth=256,
+                             options={"256": {**opt, "min_speedup": 0}})
+    assert cheapest.plan_for(256, 400) == RepairPlan("head", 32, tail=4)
+    for bad in ({**opt, "plans": []}, {**opt, "plans": [[32, 0, 4]]}, {**opt, "block_share": 2}, {"plans": plans}):
+        with pytest.raises(ValueError, match="options"):
+            SpliceProfile("llamacpp", "fp", curve=[[256, 96]], options={"256": bad})
+
+
 def test_context_follows_depth():
     assert [context_for(d) for d in (0, 64, 255, 256, 2048)] == [0, 0, 0, 256, 256] and CONTEXTS == (0, 256)
 

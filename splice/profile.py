@@ -126,9 +126,7 @@ def fit_length(option: dict, n_tokens: int) -> tuple[int, int, int]:
     by 1 + share * (n / n_cal - 1); a head or tail plan decodes the same tokens at any length, a blend's
     recomputed share grows with the block.
     """
-    plans = option["plans"]
-    if not plans:
-        raise ValueError("a calibrated depth without passing plans has no curve entry")
+    plans = option["plans"]  # never empty: SpliceProfile rejects that
     grow = option["block_share"] * (n_tokens / option["n_tokens"] - 1)
 
     def speedup(p):

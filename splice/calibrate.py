@@ -26,7 +26,7 @@ import numpy as np
 from splice.block import load_block
 from splice.compiler import CompileConfig, block_key, block_path, compile_blocks
 from splice.fidelity import CaseRunner, decisive, kl_top1, make_case
-from splice.profile import RepairPlan, SpliceProfile
+from splice.profile import RepairPlan, SpliceProfile, fit_length
 from splice.prompt import CONTEXTS, context_for
 
 
@@ -75,18 +75,23 @@ class CalibrationConfig:
 CALL_COST = 8  # token-forward equivalents of one more forward call (measured: a 4-token tail ~ 10-20 head tokens)
 
 
+def plan_key(head: int, pct: int = 0, tail: int = 0) -> str:
+    """The calibration table's key of a plan: head16, head16+tail4, blend16+10%."""
+    return f"blend{head}+{pct}%" if pct else f"head{head}+tail{tail}" if tail else f"head{head}"
+
+
 def candidates(config: CalibrationConfig, n_tokens: int, n_layers: int, can_blend: bool) -> list[tuple[str, RepairPlan, list[int]]]:
     """(table key, plan, curve entry after the depth) cheapest first; cost in token-forward equivalents for a
     block of `n_tokens`: head h costs h, a tail t adds t + CALL_COST; blend adds one layer over the block
     (n_tokens / n_layers) plus the recomputed share."""
-    out = [(h, f"head{h}", RepairPlan("head", h) if h else RepairPlan("none", 0), [h]) for h in config.heads]
-    out += [(h + t + CALL_COST, f"head{h}+tail{t}", RepairPlan("head", h, tail=t), [h, 0, t])
+    out = [(h, plan_key(h), RepairPlan("head", h) if h else RepairPlan("none", 0), [h]) for h in config.heads]
+    out += [(h + t + CALL_COST, plan_key(h, 0, t), RepairPlan("head", h, tail=t), [h, 0, t])
             for h in config.heads for t in config.tails]
     if can_blend:
         for h in config.blend_heads:
             for p in config.blend_pcts:
                 cost = h + n_tokens / n_layers + p / 100 * (n_tokens - h)
-                out.append((cost, f"blend{h}+{p}%", RepairPlan("blend", h, frac=p / 100), [h, p]))
+                out.append((cost, plan_key(h, p), RepairPlan("blend", h, frac=p / 100), [h, p]))
     return [(k, plan, tail) for _, k, plan, tail in sorted(out, key=lambda c: c[0])]
 
 
@@ -102,10 +107,11 @@ def _measure(refs, runners, blocks, plan, margin) -> dict:
             "top1_decisive": float(a[:, 3].sum() / max(1.0, a[:, 4].sum()))}
 
 
-def _choose(config, depth, text, row, refs, runners, blocks, cands, bar_kl, bar_top1, passing):
-    """Measure candidates cheapest first into `row`; return (key, curve entry tail) of the pick, or None.
-    Every passing plan is appended to `passing` as [head, blend_pct, tail, kl, TTFT / text TTFT]."""
-    first = best = None
+def _passing(config, depth, text, row, refs, runners, blocks, cands, bar_kl, bar_top1) -> list[list[float]]:
+    """Measure candidates cheapest first into `row`; return the passing ones as [head, blend_pct, tail, kl,
+    TTFT / text TTFT], cheapest first. Stops once the rest cannot matter: past the timing gate, or after the first
+    passing plan below the speed floor (the rest cost more), or at an exact plan."""
+    passing = []
     floor = config.floor_at(depth)
     for key, plan, tail in cands:
         row[key] = m = _measure(refs, runners, blocks, plan, config.decisive_margin)
@@ -116,14 +122,11 @@ def _choose(config, depth, text, row, refs, runners, blocks, cands, bar_kl, bar_
             break
         if passes:
             passing.append([*(tail + [0, 0])[:3], m["kl"], m["ttft_ms"] / text["ttft_ms"]])
-            first = first or (key, tail)
-            if speedup >= floor and (best is None or m["kl"] < row[best[0]]["kl"]):
-                best = (key, tail)
             if not floor or m["kl"] < 1e-6:
                 break  # the cheapest passing plan was asked for, or this one is exact already
-        if first and speedup < floor:
+        if passing and speedup < floor:
             break  # the remaining candidates cost more: below the speed floor from here on
-    return best or first
+    return passing
 
 
 def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None, log=print) -> SpliceProfile:
@@ -145,20 +148,22 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
             text = _measure(refs, runners, None, RepairPlan("text"), config.decisive_margin)
             bar_kl = config.kl_margin * max(config.target_kl, 3 * text["kl"])
             bar_top1 = text["top1_decisive"] - config.top1_slack
-            row, passing = {"text": text}, []
-            chosen = _choose(config, depth, text, row, refs, runners, blocks, cands, bar_kl, bar_top1, passing)
+            row = {"text": text}
+            passing = _passing(config, depth, text, row, refs, runners, blocks, cands, bar_kl, bar_top1)
         finally:
             for r in runners:
                 r.close()
         table[str(depth)] = row
+        option = {"n_tokens": n_tokens, "block_share": block_share(row, n_tokens), "plans": passing,
+                  "min_speedup": config.floor_at(depth)}
+        chosen = fit_length(option, n_tokens) if passing else None  # the pick at calibration's own block length
         log(f"depth {depth}: text kl={text['kl']:.4f} top1={text['top1']:.2f}; "
             + ", ".join(f"{k} kl={v['kl']:.4f} top1={v['top1']:.2f}/{v['top1_decisive']:.2f}" for k, v in row.items() if k != "text" and isinstance(v, dict))
-            + f" -> {chosen[0] if chosen is not None else 'text fallback'}")
+            + f" -> {plan_key(*chosen) if chosen else 'text fallback'}")
         if chosen is None:
             break
-        curve.append([depth, *chosen[1]])
-        options[str(depth)] = {"n_tokens": n_tokens, "block_share": block_share(row, n_tokens), "plans": passing,
-                               "min_speedup": config.floor_at(depth)}
+        curve.append([depth, *chosen])
+        options[str(depth)] = option
         max_depth = depth
     return SpliceProfile(backend=backend.name, fingerprint=backend.info.fingerprint, target_kl=config.target_kl,
                          curve=curve or [[0, 0]], max_depth=max_depth, measured=table, contexts=list(CONTEXTS),

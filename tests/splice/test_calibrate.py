@@ -2,13 +2,9 @@
 
 import pytest
 
-from splice.calibrate import CalibrationConfig, calibrate, candidates
+from splice.calibrate import CalibrationConfig, calibrate, candidates, plan_key
 from splice.profile import RepairPlan, SpliceProfile, fit_length
 from splice_fixtures import TOOL
-
-
-def _key(head, pct=0, tail=0):
-    return f"blend{head}+{pct}%" if pct else f"head{head}+tail{tail}" if tail else f"head{head}"
 
 
 def test_calibration_curve_follows_its_own_measurements(llamacpp_backend):
@@ -27,13 +23,13 @@ def test_calibration_curve_follows_its_own_measurements(llamacpp_backend):
         passing = [k for k in order if k in row and row[k]["kl"] <= bar and row[k]["top1_decisive"] >= top1_bar
                    and row[k]["ttft_ms"] < text["ttft_ms"]]  # the timing gate
         fast = [k for k in passing if text["ttft_ms"] / row[k]["ttft_ms"] >= config.floor_at(depth)]
-        chosen = _key(*entry)
+        chosen = plan_key(*entry)
         assert chosen in passing
         # the lowest KL above the speed floor, else the cheapest plan that passes
         assert chosen == (min(fast, key=lambda k: row[k]["kl"]) if fast else passing[0])
         # the options keep the passing plans measured, and at calibration's block length give the same pick
         opt = profile.options[str(depth)]
-        assert [_key(*p[:3]) for p in opt["plans"]] == passing and opt["min_speedup"] == config.floor_at(depth)
+        assert [plan_key(*p[:3]) for p in opt["plans"]] == passing and opt["min_speedup"] == config.floor_at(depth)
         assert fit_length(opt, opt["n_tokens"]) == tuple((entry + [0, 0])[:3])
         assert profile.plan_for(depth, opt["n_tokens"]) == curve_only.plan_for(depth, opt["n_tokens"])
     assert profile.max_depth == max(d for d, *_ in profile.curve)

@@ -112,6 +112,7 @@ class LlamaCppSession:
         self._batch = C.llama_batch_init(n_batch, 0, 1)
         self.n_past = 0
         self.tokens: dict[int, int] = {}  # position -> token id of every cached position
+        self._shift_pending = False  # llama.cpp rotates shifted keys at the next decode, not at seq_add
 
     # -- forward -------------------------------------------------------------------------------------------
     def _decode(self, tokens: list[int], all_logits: bool) -> np.ndarray:
@@ -134,6 +135,7 @@ class LlamaCppSession:
             rc = C.llama_decode(self._ctx, b)
             if rc != 0:
                 raise BackendError(f"llama_decode failed with code {rc} at position {self.n_past}")
+            self._shift_pending = False
             if all_logits:
                 ptr = C.llama_get_logits(self._ctx)
                 outs.append(np.ctypeslib.as_array(ptr, shape=(len(chunk), self.backend.n_vocab)).copy())
@@ -160,6 +162,8 @@ class LlamaCppSession:
         positions = np.array(sorted(p for p in self.tokens if start <= p < end), dtype=np.int64)
         if not len(positions):
             raise BackendError(f"no cached positions in [{start}, {end})")
+        if self._shift_pending:
+            self._apply_shift()
         C.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
         C.llama_memory_seq_cp(self._mem, LIVE, SCRATCH, start, end)
         size = C.llama_state_seq_get_size(self._ctx, SCRATCH)
@@ -170,6 +174,21 @@ class LlamaCppSession:
             raise BackendError("llama.cpp returned an empty sequence state")
         tokens = np.array([self.tokens[int(p)] for p in positions], dtype=np.int64)
         return KVRange(positions=positions, tokens=tokens, blob=bytes(buf[:n]), meta=self._layout())
+
+    def _apply_shift(self) -> None:
+        """Rotate the keys of shifted cells now: the state would otherwise hold them at their old positions.
+
+        llama.cpp applies a pending shift at the start of the next decode and has no C call that does only that,
+        so decode one token into the (empty) scratch sequence, which attends to nothing live, and drop it.
+        """
+        b = self._batch
+        b.n_tokens, b.token[0], b.pos[0], b.n_seq_id[0], b.seq_id[0][0], b.logits[0] = 1, 0, 0, 1, SCRATCH, 0
+        C.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
+        rc = C.llama_decode(self._ctx, b)
+        C.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
+        if rc != 0:
+            raise BackendError(f"llama.cpp could not apply a pending position shift (decode code {rc}; context full?)")
+        self._shift_pending = False
 
     def _layout(self) -> dict:
         return {"backend": "llamacpp", "fingerprint": self.info.fingerprint, "flash_attn": False, "kv_unified": True}
@@ -201,6 +220,7 @@ class LlamaCppSession:
         delta = self.n_past - p0
         if delta:
             C.llama_memory_seq_add(self._mem, SCRATCH, p0, p1, delta)  # shift before sharing (cells are shared)
+            self._shift_pending = True
         C.llama_memory_seq_cp(self._mem, SCRATCH, LIVE, -1, -1)
         C.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
         for p, t in zip(kv.positions[a:b], kv.tokens[a:b]):

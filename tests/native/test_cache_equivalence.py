@@ -84,3 +84,35 @@ def test_export_import_roundtrip_is_exact(backend):
     s.import_kv(span)
     assert s.n_past == len(ids)
     assert_same_logits(backend, s.forward_logits(probe), want)
+
+
+def test_export_after_reanchored_import_carries_the_rotation(backend):
+    """A span imported at another depth and exported at once holds its keys at the new positions.
+
+    llama.cpp rotates shifted keys lazily, at the next decode; an export before that must not hand out keys that
+    still sit at the old positions under the new position labels.
+    """
+    ids = _tokens(backend.tokenizer)
+    full = backend.new_session(512)
+    full.prefill(ids)
+    span = full.export_kv(10, len(ids))
+    s = backend.new_session(512)
+    s.prefill(ids[:13])  # the span lands 3 positions later than it was computed
+    s.import_kv(span)
+    early = s.export_kv(13, s.n_past)
+    s.decode(ids[0])  # any decode applies a pending shift
+    s.remove(s.n_past - 1, s.n_past)
+    late = s.export_kv(13, s.n_past)
+    assert list(early.positions) == list(late.positions) == list(range(13, 13 + len(span)))
+    if backend.name == "llamacpp":
+        assert early.blob == late.blob
+    else:
+        np.testing.assert_array_equal(early.keys, late.keys)
+    probe = backend.tokenizer.encode(" and then")
+    outs = []
+    for kv in (early, late):
+        t = backend.new_session(512)
+        t.prefill(ids[:13])
+        t.import_kv(kv)
+        outs.append(t.forward_logits(probe))
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -65,7 +65,7 @@ def scan(r: dict, out: Path) -> str | None:
     return _save(fig, out, "scan_time.png")
 
 
-SPLICE_VARIANTS = ("bare", "reanchored", "repaired", "suffix", "blend", "text")
+SPLICE_VARIANTS = ("bare", "reanchored", "repaired", "suffix", "blend", "text", "roundtrip")
 
 
 def splice_fidelity(r: dict, out: Path) -> str | None:

@@ -4,7 +4,9 @@ For each backend, depth and eval tool: KL(one-shot text prefill || variant) and 
 teacher-forced positions after the user turn, TTFT (segment + user turn) and the share of block tokens decoded
 as text, averaged over tools. `text` prefills the same segment in separate batches (the backend's noise
 floor). `suffix` (the reference design: re-decode the last 25%) and `blend` (CacheBlend-style: recompute the
-15% of block tokens whose layer-1 K/V deviate most, on backends with `can_recompute_kv`) are reported too. `top1_decisive` is the top-1
+15% of block tokens whose layer-1 K/V deviate most, on backends with `can_recompute_kv`) are reported too.
+`roundtrip` is the floor of any splice that is not bit-exact: the segment's exact KV (prefilled in the case's own
+context) re-anchored one position later and back, which perturbs only the rounding of its keys (no TTFT). `top1_decisive` is the top-1
 agreement on the positions where the reference's top-1 leads by >= 0.5 logit (a flip at a near-tie says little).
 Eval tools are sampled with a seed disjoint from calibration. `--calibrate` runs `nexus splice calibrate` first.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-VARIANTS = ("bare", "reanchored", "repaired", "suffix", "blend", "text")
+VARIANTS = ("bare", "reanchored", "repaired", "suffix", "blend", "text", "roundtrip")
 BLEND_FRAC = 0.15  # CacheBlend recomputes ~15% of a chunk
 
 
@@ -84,6 +86,9 @@ def run_backend(name: str, args) -> dict:
                     logits, ms, red = runner.run(kv, plan)
                     agree = ref.argmax(1) == logits.argmax(1)
                     acc[v].append((*kl_top1(ref, logits), ms, red / n_tokens, agree[keep].sum(), keep.sum()))
+                logits = runner.roundtrip()
+                agree = ref.argmax(1) == logits.argmax(1)
+                acc["roundtrip"].append((*kl_top1(ref, logits), np.nan, 0.0, agree[keep].sum(), keep.sum()))
             finally:
                 runner.close()
         row = {}
@@ -93,12 +98,13 @@ def run_backend(name: str, args) -> dict:
                 continue
             a = np.array(vals, dtype=np.float64)
             kl, top1, ms, frac = a[:, :4].mean(0)
-            row[v] = {"kl": float(kl), "top1": float(top1), "ttft_ms": float(ms), "redecode_frac": float(frac),
+            row[v] = {"kl": float(kl), "top1": float(top1), "ttft_ms": float(ms) if ms == ms else None, "redecode_frac": float(frac),
                       "top1_decisive": float(a[:, 4].sum() / max(1.0, a[:, 5].sum())), "decisive_positions": int(a[:, 5].sum())}
         row["repaired"]["speedup"] = row["text"]["ttft_ms"] / row["repaired"]["ttft_ms"]
         out["depths"][str(depth)] = row
         print(f"{name:8s} depth {depth:5d}  " + "  ".join(
-            f"{v}: " + ("n/a" if r["kl"] is None else f"kl={r['kl']:.4f} top1={r['top1']:.2f} {r['ttft_ms']:.0f}ms f={r['redecode_frac']:.2f}")
+            f"{v}: " + ("n/a" if r["kl"] is None else f"kl={r['kl']:.4f} top1={r['top1']:.3f}"
+                        + ("" if r["ttft_ms"] is None else f" {r['ttft_ms']:.0f}ms f={r['redecode_frac']:.2f}"))
             for v, r in row.items()), flush=True)
     backend.close()
     return out

@@ -65,4 +65,5 @@ def _calibrate(args) -> int:
     profile = calibrate(backend, calibration_tools(backend, args.tool_file, args.n_tools, args.seed), config)
     path = profile.save()
     print(f"wrote {path}: curve {profile.curve}, splice up to depth {profile.max_depth}, text beyond")
+    print("plans by block length:\n  " + "\n  ".join(profile.describe()))
     return 0

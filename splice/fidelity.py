@@ -117,6 +117,26 @@ class CaseRunner:
         self._reset()
         return logits[-N_POSITIONS:], ms, redecoded
 
+    def roundtrip(self, shift: int = 1) -> np.ndarray:
+        """Logits (8, vocab) after the segment's *exact* KV is re-anchored `shift` positions later and back.
+
+        The segment is prefilled in this very context, exported, imported `shift` positions later (a filler token
+        holds the gap), exported again and imported back at its own depth. Its keys differ from the reference's
+        only by what two rotations round off in the cache: the floor of any splice that is not bit-exact.
+        """
+        c, s = self.case, self.session
+        s.prefill(c.segment)
+        exact = s.export_kv(self.base, s.n_past)
+        self._reset()
+        s.prefill(c.segment[:shift])
+        s.import_kv(exact)
+        moved = s.export_kv(self.base + shift, s.n_past)
+        self._reset()
+        s.import_kv(moved)
+        logits = s.forward_logits(c.user + c.answer)
+        self._reset()
+        return logits[-N_POSITIONS:]
+
     def close(self):
         self.session.close()
 

@@ -107,6 +107,20 @@ class SpliceProfile:
                 return RepairPlan("head", n, tail=tail) if n or tail else RepairPlan("none", 0)
         return RepairPlan("text", n_tokens)
 
+    def describe(self, lengths: tuple[int, ...] = (128, 256, 384)) -> list[str]:
+        """One line per calibrated depth: the plan a block of each of `lengths` tokens gets there."""
+        def label(p: RepairPlan) -> str:
+            if p.mode in ("text", "none"):
+                return p.mode
+            return f"blend{p.n}+{round(p.frac * 100)}%" if p.mode == "blend" else f"head{p.n}" + (f"+tail{p.tail}" if p.tail else "")
+
+        lines = []
+        for d, *_ in self.curve:
+            o = self.options.get(str(d))
+            floor = f" (floor {o['min_speedup']:.2f}x, {len(o['plans'])} passing plans)" if o else ""
+            lines.append(f"depth <= {d}{floor}: " + ", ".join(f"{n} tokens -> {label(self.plan_for(d, n))}" for n in lengths))
+        return lines
+
     def save(self) -> Path:
         """Merge this profile into `profiles/<fp>.json` under ["splice"][backend] (other keys are kept)."""
         path = profile_path(self.fingerprint)

@@ -1,0 +1,32 @@
+"""`nexus eval splice` on one tool and two depths (MLX, uncalibrated default profile): the issue's JSON keys,
+a bit-exact `text` variant, and the round-trip floor."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_eval_splice_writes_every_variant(tmp_path):
+    out = tmp_path / "splice.json"
+    cmd = [sys.executable, "-m", "nexus_agent.cli", "eval", "splice", "--backend", "mlx", "--depths", "0,64",
+           "--n-tools", "1", "--json", str(out), "--plot", str(tmp_path / "splice.png")]
+    p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "NEXUS_THREADS": "1"}, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    depths = json.loads(out.read_text())["backends"]["mlx"]["depths"]
+    assert set(depths) == {"0", "64"}
+    for d, row in depths.items():
+        for v in ("bare", "reanchored", "repaired", "text", "roundtrip"):
+            assert {"kl", "top1", "ttft_ms", "redecode_frac"} <= set(row[v]), (d, v)
+        assert row["text"]["kl"] < 1e-6 and row["text"]["top1"] == 1.0 and row["text"]["redecode_frac"] == 1.0
+        assert row["roundtrip"]["ttft_ms"] is None and row["roundtrip"]["kl"] < 1e-8  # float32 keys: ~exact
+        assert row["repaired"]["speedup"] > 0
+    assert depths["0"]["reanchored"]["kl"] < 2e-3  # the block's own anchor
+    assert depths["64"]["bare"]["kl"] > depths["64"]["reanchored"]["kl"]  # rotation buys fidelity at depth
+    assert (tmp_path / "splice.png").read_bytes()[:4] == b"\x89PNG"

@@ -26,7 +26,7 @@ import numpy as np
 from splice.block import load_block
 from splice.compiler import CompileConfig, block_key, block_path, compile_blocks
 from splice.fidelity import CaseRunner, decisive, kl_top1, make_case
-from splice.profile import RepairPlan, SpliceProfile, fit_length
+from splice.profile import RepairPlan, SpliceProfile, fit_length, plan_key
 from splice.prompt import CONTEXTS, context_for
 
 
@@ -73,11 +73,6 @@ class CalibrationConfig:
 
 
 CALL_COST = 8  # token-forward equivalents of one more forward call (measured: a 4-token tail ~ 10-20 head tokens)
-
-
-def plan_key(head: int, pct: int = 0, tail: int = 0) -> str:
-    """The calibration table's key of a plan: head16, head16+tail4, blend16+10%."""
-    return f"blend{head}+{pct}%" if pct else f"head{head}+tail{tail}" if tail else f"head{head}"
 
 
 def candidates(config: CalibrationConfig, n_tokens: int, n_layers: int, can_blend: bool) -> list[tuple[str, RepairPlan, list[int]]]:

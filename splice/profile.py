@@ -110,9 +110,7 @@ class SpliceProfile:
     def describe(self, lengths: tuple[int, ...] = (128, 256, 384)) -> list[str]:
         """One line per calibrated depth: the plan a block of each of `lengths` tokens gets there."""
         def label(p: RepairPlan) -> str:
-            if p.mode in ("text", "none"):
-                return p.mode
-            return f"blend{p.n}+{round(p.frac * 100)}%" if p.mode == "blend" else f"head{p.n}" + (f"+tail{p.tail}" if p.tail else "")
+            return p.mode if p.mode in ("text", "none") else plan_key(p.n, round(p.frac * 100), p.tail)
 
         lines = []
         for d, *_ in self.curve:
@@ -150,6 +148,11 @@ def fit_length(option: dict, n_tokens: int) -> tuple[int, int, int]:
     fast = [p for p in plans if floor and speedup(p) >= floor]
     head, pct, tail = (min(fast, key=lambda p: p[3]) if fast else plans[0])[:3]
     return int(head), int(pct), int(tail)
+
+
+def plan_key(head: int, pct: int = 0, tail: int = 0) -> str:
+    """The calibration table's key of a plan: head16, head16+tail4, blend16+10%."""
+    return f"blend{head}+{pct}%" if pct else f"head{head}+tail{tail}" if tail else f"head{head}"
 
 
 def profile_path(fingerprint: str) -> Path:

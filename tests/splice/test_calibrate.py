@@ -2,8 +2,8 @@
 
 import pytest
 
-from splice.calibrate import CalibrationConfig, calibrate, candidates, plan_key
-from splice.profile import RepairPlan, SpliceProfile, fit_length
+from splice.calibrate import CalibrationConfig, calibrate, candidates
+from splice.profile import RepairPlan, SpliceProfile, fit_length, plan_key
 from splice_fixtures import TOOL
 
 

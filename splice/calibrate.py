@@ -5,7 +5,9 @@ too, and, on backends with `can_recompute_kv`, CacheBlend repairs (head h + `ble
 recomputed by K/V deviation), tried cheapest first by estimated cost in token-forward equivalents. A candidate
 passes at a depth when its mean KL over the calibration tools is within `kl_margin` x max(target_kl, 3 x the
 backend's text noise floor) (headroom for tools not calibrated on), its top-1 agreement is within 0.02 of the
-text variant's, and it is faster than the text prefill it replaces (the timing gate). Of the passing candidates
+floor's, and it is faster than the text prefill it replaces (the timing gate). The floor is the segment prefilled
+again in one-token batches (`CaseRunner.text_in_batches`); the timing gate and every speedup use the segment's
+prefill in one batch. Of the passing candidates
 whose TTFT speedup over text reaches the depth's floor (`floor_at`), the one with the lowest KL becomes the curve
 entry: speed beyond that floor is spent on fidelity, since a lower KL is what keeps near-tie top-1 flips rare. When
 none reaches the floor, the cheapest passing candidate is taken. That pick is for the calibration tools' mean block
@@ -90,16 +92,21 @@ def candidates(config: CalibrationConfig, n_tokens: int, n_layers: int, can_blen
     return [(k, plan, tail) for _, k, plan, tail in sorted(out, key=lambda c: c[0])]
 
 
-def _measure(refs, runners, blocks, plan, margin) -> dict:
-    """Mean KL, top-1 (all positions), top-1 on decisive positions and TTFT of one variant over the cases."""
+def _score(refs, outs, margin) -> dict:
+    """Mean KL, top-1 (all positions) and top-1 on decisive positions of one variant's logits over the cases."""
     rows = []
-    for ref, r in zip(refs, runners):
-        logits, ms, _ = r.run(blocks[r.case.tool.name] if blocks else None, plan)
+    for ref, out in zip(refs, outs):
         keep = decisive(ref, margin)
-        rows.append((*kl_top1(ref, logits), ms, (ref.argmax(1) == logits.argmax(1))[keep].sum(), keep.sum()))
+        rows.append((*kl_top1(ref, out), (ref.argmax(1) == out.argmax(1))[keep].sum(), keep.sum()))
     a = np.array(rows, dtype=np.float64)
-    return {"kl": float(a[:, 0].mean()), "top1": float(a[:, 1].mean()), "ttft_ms": float(a[:, 2].mean()),
-            "top1_decisive": float(a[:, 3].sum() / max(1.0, a[:, 4].sum()))}
+    return {"kl": float(a[:, 0].mean()), "top1": float(a[:, 1].mean()),
+            "top1_decisive": float(a[:, 2].sum() / max(1.0, a[:, 3].sum()))}
+
+
+def _measure(refs, runners, blocks, plan, margin) -> dict:
+    """`_score` and the mean TTFT of one variant over the cases."""
+    runs = [r.run(blocks[r.case.tool.name] if blocks else None, plan) for r in runners]
+    return {**_score(refs, [logits for logits, _, _ in runs], margin), "ttft_ms": float(np.mean([ms for _, ms, _ in runs]))}
 
 
 def _sweep(config, depth, text, row, refs, runners, blocks, cands, bar_kl, bar_top1) -> None:
@@ -144,7 +151,10 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
         runners = [CaseRunner(backend, make_case(backend.tokenizer, t, depth, config.seed + i)) for i, t in enumerate(tools)]
         try:
             refs = [r.reference() for r in runners]
+            # text: TTFT of the segment in one batch (the speed baseline), fidelity of the noise floor
             text = _measure(refs, runners, None, RepairPlan("text"), config.decisive_margin)
+            text["batched_kl"] = text["kl"]
+            text.update(_score(refs, [r.text_in_batches() for r in runners], config.decisive_margin))
             bar_kl = config.kl_margin * max(config.target_kl, 3 * text["kl"])
             bar_top1 = text["top1_decisive"] - config.top1_slack
             row = {"text": text}

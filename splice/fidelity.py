@@ -117,6 +117,22 @@ class CaseRunner:
         self._reset()
         return logits[-N_POSITIONS:], ms, redecoded
 
+    def text_in_batches(self, size: int = 1) -> np.ndarray:
+        """Logits (8, vocab) after the segment is prefilled again in batches of `size` tokens (1: the decode path).
+
+        The backend's own noise floor: the same text computed in other batch shapes than the reference's. On
+        llama.cpp CPU a one-token batch runs other kernels than a prefill batch (measured on 4 tools: KL
+        0.002-0.003 and top-1 0.97-1.0 against the one-shot prefill), while the segment in one batch is
+        bit-exact; MLX's float32 path is batch-invariant to ~1e-7 nats. No TTFT: the speed baseline is the
+        segment in one batch (`run` with a text plan), the fastest way to prefill it.
+        """
+        c = self.case
+        for s in range(0, len(c.segment), size):
+            self.session.prefill(c.segment[s : s + size])
+        logits = self.session.forward_logits(c.user + c.answer)
+        self._reset()
+        return logits[-N_POSITIONS:]
+
     def roundtrip(self, shift: int = 1) -> np.ndarray:
         """Logits (8, vocab) after the segment's *exact* KV is re-anchored `shift` positions later and back.
 

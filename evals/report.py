@@ -157,7 +157,8 @@ def table_splice(r: dict) -> str:
             rep, text = row["repaired"], row["text"]
             kl_bar, top1_bar = max(0.01, 3 * text["kl"]), text["top1"] - 0.02
             speed_bar = 1.7 if int(d) <= 256 else 1.3 if int(d) >= 2048 else None
-            ok = rep["kl"] <= kl_bar and rep["top1"] >= top1_bar - 1e-9 and (speed_bar is None or rep["speedup"] >= speed_bar)
+            fast = speed_bar is None or rep["speedup"] >= speed_bar
+            ok = rep["kl"] <= kl_bar and rep["top1"] >= top1_bar - 1e-9 and fast
             bars.append([name, d, rep["kl"], kl_bar, _pct(rep["top1"]), _pct(top1_bar), rep["speedup"], speed_bar,
                          "yes" if ok else "**no**"])
     return "\n\n".join([

@@ -5,9 +5,8 @@ teacher-forced positions after the user turn, TTFT (segment + user turn) and the
 as text, averaged over tools. `text` prefills the same segment again in one-token batches (the decode path, the
 batch shape that changes llama.cpp's numerics): the backend's noise floor. Its TTFT is that of the segment in one
 batch, the speed baseline, whose own fidelity (bit-exact on llama.cpp, ~1e-11 nats on MLX) is `batched_kl` /
-`batched_top1`.
-`suffix` (the reference design: re-decode the last 25%) and `blend` (CacheBlend-style: recompute the
-15% of block tokens whose layer-1 K/V deviate most, on backends with `can_recompute_kv`) are reported too.
+`batched_top1`. `suffix` (the reference design: re-decode the last 25%) and `blend` (CacheBlend-style: recompute
+the 15% of block tokens whose layer-1 K/V deviate most, on backends with `can_recompute_kv`) are reported too.
 `roundtrip` is the floor of any splice that is not bit-exact: the segment's exact KV (prefilled in the case's own
 context) re-anchored one position later and back, which perturbs only the rounding of its keys (no TTFT). `top1_decisive` is the top-1
 agreement on the positions where the reference's top-1 leads by >= 0.5 logit (a flip at a near-tie says little).

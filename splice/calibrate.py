@@ -8,8 +8,9 @@ backend's text noise floor) (headroom for tools not calibrated on), its top-1 ag
 floor's, and it is faster than the text prefill it replaces (the timing gate). The floor is the segment prefilled
 again in one-token batches (`CaseRunner.text_in_batches`); the timing gate and every speedup use the segment's
 prefill in one batch. Of the passing candidates whose TTFT speedup over text reaches the depth's floor
-(`floor_at`), the one with the lowest KL becomes the curve entry: speed beyond that floor is spent on fidelity, since a lower KL is what keeps near-tie top-1 flips rare. When
-none reaches the floor, the cheapest passing candidate is taken. That pick is for the calibration tools' mean block
+(`floor_at`), the one with the lowest KL becomes the curve entry: speed beyond that floor is spent on fidelity,
+since a lower KL is what keeps near-tie top-1 flips rare. When none reaches the floor, the cheapest passing
+candidate is taken. That pick is for the calibration tools' mean block
 length; the profile keeps every passing plan with its relative TTFT, and `SpliceProfile.plan_for` redoes the pick
 for each block's own length (a fixed head is a larger share of a shorter block). Top-1 is counted on the decisive
 positions (the reference's top-1 leads by >= `decisive_margin` logits; 0 counts all): with a few dozen calibration

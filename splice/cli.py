@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="TTFT speedup over text to keep at depth <= 256; faster plans spend the rest on fidelity "
                         "(0: cheapest plan)")
     c.add_argument("--min-speedup-deep", type=float, default=1.45,
-                   help="the same floor at depth >= 2048 (linear in depth between)")
+                   help="the same floor beyond depth 256")
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=_calibrate)
 

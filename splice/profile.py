@@ -77,7 +77,7 @@ class SpliceProfile:
         for d, o in self.options.items():
             try:
                 ok = (int(d) >= 0 and o["n_tokens"] > 0 and 0 <= o["block_share"] <= 1 and o["min_speedup"] >= 0
-                      and o["plans"] and all(len(p) == 5 for p in o["plans"]))
+                      and o.get("text_kl", 0) >= 0 and o["plans"] and all(len(p) == 5 for p in o["plans"]))
             except (KeyError, TypeError, ValueError):
                 ok = False
             if not ok:
@@ -129,14 +129,16 @@ class SpliceProfile:
 
 
 def fit_length(option: dict, n_tokens: int) -> tuple[int, int, int]:
-    """(head, blend_pct, tail) of the calibrated plans for a block of `n_tokens`, by calibration's own rule: the
-    lowest KL among plans predicted to reach the speed floor, else the cheapest plan that passed.
+    """(head, blend_pct, tail) of the calibrated plans for a block of `n_tokens`, by calibration's own rule: among
+    plans predicted to reach the speed floor, the cheapest whose KL is at most the text floor's, else the lowest
+    KL; when none reaches the floor, the cheapest plan that passed.
 
-    `option`: {"min_speedup": the floor at this depth (0: the cheapest plan), "n_tokens": calibration's mean block
-    length, "block_share": share of the text prefill's time that grows with block length, "plans": [[head, pct,
-    tail, kl, rel_time], ...] cheapest first, rel_time = plan TTFT / text TTFT at calibration}. Text time scales
-    by 1 + share * (n / n_cal - 1); a head or tail plan decodes the same tokens at any length, a blend's
-    recomputed share grows with the block.
+    `option`: {"min_speedup": the floor at this depth (0: the cheapest plan), "text_kl": KL of the text noise
+    floor at calibration (absent in older profiles: 0, only an exact plan is that quiet), "n_tokens": calibration's
+    mean block length, "block_share": share of the text prefill's time that grows with block length, "plans":
+    [[head, pct, tail, kl, rel_time], ...] cheapest first, rel_time = plan TTFT / text TTFT at calibration}. Text
+    time scales by 1 + share * (n / n_cal - 1); a head or tail plan decodes the same tokens at any length, a
+    blend's recomputed share grows with the block.
     """
     plans = option["plans"]  # never empty: SpliceProfile rejects that
     grow = option["block_share"] * (n_tokens / option["n_tokens"] - 1)
@@ -146,7 +148,8 @@ def fit_length(option: dict, n_tokens: int) -> tuple[int, int, int]:
 
     floor = option["min_speedup"]
     fast = [p for p in plans if floor and speedup(p) >= floor]
-    head, pct, tail = (min(fast, key=lambda p: p[3]) if fast else plans[0])[:3]
+    quiet = [p for p in fast if p[3] <= option.get("text_kl", 0.0)]
+    head, pct, tail = (quiet[0] if quiet else min(fast, key=lambda p: p[3]) if fast else plans[0])[:3]
     return int(head), int(pct), int(tail)
 
 

@@ -27,11 +27,14 @@ def test_calibration_curve_follows_its_own_measurements(llamacpp_backend):
         fast = [k for k in passing if text["ttft_ms"] / row[k]["ttft_ms"] >= config.floor_at(depth)]
         chosen = plan_key(*entry)
         assert chosen in passing
-        # the lowest KL above the speed floor, else the cheapest plan that passes
-        assert chosen == (min(fast, key=lambda k: row[k]["kl"]) if fast else passing[0])
+        # above the speed floor the cheapest plan as quiet as the text floor, else the lowest KL; below it the
+        # cheapest plan that passes
+        quiet = [k for k in fast if row[k]["kl"] <= text["kl"]]
+        assert chosen == (quiet[0] if quiet else min(fast, key=lambda k: row[k]["kl"]) if fast else passing[0])
         # the options keep the passing plans measured, and at calibration's block length give the same pick
         opt = profile.options[str(depth)]
         assert [plan_key(*p[:3]) for p in opt["plans"]] == passing and opt["min_speedup"] == config.floor_at(depth)
+        assert opt["text_kl"] == text["kl"]
         assert fit_length(opt, opt["n_tokens"]) == tuple((entry + [0, 0])[:3])
         assert profile.plan_for(depth, opt["n_tokens"]) == curve_only.plan_for(depth, opt["n_tokens"])
     assert profile.max_depth == max(d for d, *_ in profile.curve)
@@ -48,7 +51,7 @@ def test_calibration_config_rejects_nonsense():
         CalibrationConfig(min_speedup=-1)
     with pytest.raises(ValueError, match="min_speedup"):
         CalibrationConfig(min_speedup_deep=-1)
-    floors = [CalibrationConfig().floor_at(d) for d in (0, 256, 1152, 2048, 4096)]
-    assert floors == pytest.approx([1.9, 1.9, 1.675, 1.45, 1.45]) and CalibrationConfig(min_speedup=0).floor_at(64) == 0
+    floors = [CalibrationConfig().floor_at(d) for d in (0, 256, 257, 2048, 4096)]
+    assert floors == pytest.approx([1.9, 1.9, 1.45, 1.45, 1.45]) and CalibrationConfig(min_speedup=0).floor_at(64) == 0
     with pytest.raises(ValueError, match="heads"):
         CalibrationConfig(heads=(64, 16))

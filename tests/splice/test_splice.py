@@ -215,8 +215,9 @@ def test_profile_curve_with_blend_entries():
 
 
 def test_profile_fits_the_plan_to_the_block_length():
-    """With calibration's options, plan_for redoes calibration's pick (lowest KL above the speed floor, else the
-    cheapest passing plan) for the block's own length: text time shrinks with the block, a head plan's does not."""
+    """With calibration's options, plan_for redoes calibration's pick (above the speed floor the cheapest plan as
+    quiet as the text floor, else the lowest KL; else the cheapest passing plan) for the block's own length: text
+    time shrinks with the block, a head plan's does not."""
     plans = [[32, 0, 4, 0.005, 0.30], [64, 0, 0, 0.004, 0.42], [96, 0, 0, 0.003, 0.52]]
     opt = {"n_tokens": 200, "block_share": 0.8, "min_speedup": 1.9, "plans": plans}
     p = SpliceProfile("llamacpp", "fp", curve=[[256, 96]], max_depth=256, options={"256": opt})
@@ -229,6 +230,13 @@ def test_profile_fits_the_plan_to_the_block_length():
     cheapest = SpliceProfile("llamacpp", "fp", curve=[[256, 32, 0, 4]], max_depth=256,
                              options={"256": {**opt, "min_speedup": 0}})
     assert cheapest.plan_for(256, 400) == RepairPlan("head", 32, tail=4)
+    # a plan as quiet as the text floor ends the search: the cheapest such plan above the speed floor
+    quiet = SpliceProfile("llamacpp", "fp", curve=[[256, 64]], max_depth=256,
+                          options={"256": {**opt, "text_kl": 0.004}})
+    assert quiet.plan_for(256, 200) == RepairPlan("head", 64)  # head 96 is quieter, but head 64 is quiet enough
+    assert quiet.plan_for(256, 100) == RepairPlan("head", 32, tail=4)  # the only plan above the floor
+    with pytest.raises(ValueError, match="options"):
+        SpliceProfile("llamacpp", "fp", curve=[[256, 96]], options={"256": {**opt, "text_kl": -1}})
     assert p.describe((100, 200)) == ["depth <= 256 (floor 1.90x, 3 passing plans): 100 tokens -> head32+tail4, "
                                       "200 tokens -> head96"]
     for bad in ({**opt, "plans": []}, {**opt, "plans": [[32, 0, 4]]}, {**opt, "block_share": 2}, {"plans": plans}):

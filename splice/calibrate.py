@@ -9,8 +9,8 @@ floor's, and it is faster than the text prefill it replaces (the timing gate). T
 again in one-token batches (`CaseRunner.text_in_batches`); the timing gate and every speedup use the segment's
 prefill in one batch. Of the passing candidates whose TTFT speedup over text reaches the depth's floor
 (`floor_at`), the cheapest one whose KL is down at the text floor's becomes the curve entry (expected to flip
-near-ties about as often as the backend's own batch split); when none is, the one with the lowest KL: speed beyond that
-floor is spent on fidelity, since a lower KL is what keeps near-tie top-1 flips rare. When none reaches the
+near-ties about as often as the backend's own batch split); when none is, the one with the lowest KL: speed beyond
+that floor is spent on fidelity, since a lower KL is what keeps near-tie top-1 flips rare. When none reaches the
 speed floor, the cheapest passing candidate is taken. That pick is for the calibration tools' mean block
 length; the profile keeps every passing plan with its relative TTFT, and `SpliceProfile.plan_for` redoes the pick
 for each block's own length (a fixed head is a larger share of a shorter block). Top-1 is counted on the decisive
@@ -71,7 +71,7 @@ class CalibrationConfig:
         min_speedup is 0 (take the cheapest passing plan).
 
         A step, not a ramp: the speed targets bind at depth <= 256 and at 2048, the fidelity bars at every depth.
-        A ramp from 1.9x to 1.45x held depth 512 to ~1.84x, which on llama.cpp left only head 64 + tail 4 (KL ~1.5x
+        A ramp from 1.9x to 1.45x held depth 512 to ~1.84x, which on llama.cpp left only head 64 + tail 4 (KL ~1.6x
         the text floor's; 5 near-tie flips of 192 on 24 held-out tools against the floor's 2); head 96 + tail 4
         (~1.7x) flipped 3."""
         if not self.min_speedup:

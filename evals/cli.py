@@ -11,7 +11,7 @@ import importlib
 import json
 from pathlib import Path
 
-from nexus_agent.atomic import write_atomic
+from registry.atomic import write_atomic
 
 # name -> module; the module's docstring first line is the help text.
 EVALS: dict[str, str] = {

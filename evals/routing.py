@@ -114,8 +114,8 @@ def run(args: argparse.Namespace) -> dict:
     from slb.reranker import Reranker, registry_fingerprint
     from slb.scan import scan
     from slb.tools import as_entry
-    from nexus_agent.atomic import write_atomic
-    from nexus_agent.home import home_path
+    from registry.atomic import write_atomic
+    from registry.home import home_path
 
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -268,7 +268,7 @@ def _train_rerankers(tools, emb, labelled: dict, args) -> tuple[dict, float | No
     """fold -> reranker folder trained on `labelled[fold]` (reused from the Nexus home when tools, labelled
     set and config match; folds with the same labelled set share one) and the total training seconds (None
     when all were reused)."""
-    from nexus_agent.home import home_path
+    from registry.home import home_path
     from slb.reranker import RerankerTrainConfig, registry_fingerprint, train_reranker, trained_for
 
     cfg = RerankerTrainConfig(max_steps=args.train_steps, seed=args.seed, threads=args.threads)

@@ -39,7 +39,7 @@ def run_demo(args: argparse.Namespace) -> int:
             print(f"> {DEMO_PROMPT}\n", flush=True)
             print(format_stats(stream_answer(backend, None, [{"role": "user", "content": DEMO_PROMPT}], 64)))
 
-    from nexus_agent.home import nexus_home
+    from registry.home import nexus_home
 
     os.environ["NEXUS_HOME"] = str(nexus_home() / "demo")
     from native import load_backend

@@ -110,7 +110,7 @@ def check_buffer(store) -> list[Check]:
 
 
 def check_blocks(store) -> list[Check]:
-    from nexus_agent.home import home_path
+    from registry.home import home_path
     from splice.block import BlockError, BlockKey, load_block, read_header
 
     root = home_path("blocks")

@@ -90,7 +90,7 @@ def attach_eviction(live: LiveContext, config: MemoryConfig):
         return None
     ecfg = EvictionConfig(budget=int(config.kv_budget))
     if live.backend.capabilities.can_bias_keys:
-        from nexus_agent.home import home_path
+        from registry.home import home_path
 
         spill = home_path("traces", f"spill-{id(live)}.kv")
         live.session = EvictingSession(live.session, make_policy(config.eviction), ecfg, spill)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from registry.home import home_path
 from registry.model import Tool, ToolValidationError, canonical_json
 
 SCHEMA = """
@@ -106,8 +107,6 @@ class RegistryStore:
 
     def __init__(self, path: str | Path | None = None, busy_timeout_s: float = 30.0):
         if path is None:
-            from nexus_agent.home import home_path
-
             path = home_path("registry.sqlite")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nexus_agent.atomic import write_atomic
+from registry.atomic import write_atomic
 
 MAGIC = b"NXSLB\x00"
 FORMAT_VERSION = 2

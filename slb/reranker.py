@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nexus_agent.atomic import write_atomic
+from registry.atomic import write_atomic
 from slb.embedder import Embedder, packaged_minilm_path, quiet_model_loading, text_fingerprint
 from slb.scan import scan_batch
 from slb.buffer import quantize_rows

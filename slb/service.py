@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nexus_agent.home import home_path
+from registry.home import home_path
 from slb.buffer import SLBuffer, write_buffer
 from slb.build import BuildReport, build_buffer
 from slb.embedder import Embedder, EmbedderConfig

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from native.base import KVRange
-from nexus_agent.atomic import write_atomic
+from registry.atomic import write_atomic
 
 MAGIC = b"NXKVB\x00\x01\x00"
 FORMAT_VERSION = 2  # 2: blocks carry `context` (compiled after generic conversation tokens)

@@ -17,7 +17,7 @@ from typing import Iterable
 
 from tqdm import tqdm
 
-from nexus_agent.home import home_path
+from registry.home import home_path
 from registry.model import Tool
 from splice.block import BlockError, BlockKey, read_header, write_block
 from splice.prompt import CONTEXTS, DEFAULT_SYSTEM, context_tokens, preamble_tokens, segment_tokens, tokens_hash

@@ -11,8 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from nexus_agent.atomic import write_atomic
-from nexus_agent.home import home_path
+from registry.atomic import write_atomic
+from registry.home import home_path
 
 REPAIR_MODES = ("none", "head", "suffix", "blend", "text")
 

@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from nexus_agent.atomic import write_atomic
+from registry.atomic import write_atomic
 from registry.decorator import tool
 from registry.servers.runtime import ToolInputError, handlers_from_functions, serve
 

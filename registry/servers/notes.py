@@ -6,6 +6,7 @@ import argparse
 import sqlite3
 
 from registry.decorator import tool
+from registry.home import home_path
 from registry.servers.runtime import ToolInputError, handlers_from_functions, serve
 
 DB: sqlite3.Connection | None = None  # set by main()
@@ -66,8 +67,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--db", default=None, help="SQLite file (default: $NEXUS_HOME/notes.sqlite)")
     args = parser.parse_args(argv)
     if args.db is None:
-        from nexus_agent.home import home_path
-
         args.db = str(home_path("notes.sqlite"))
     DB = sqlite3.connect(args.db, timeout=30)
     DB.execute("CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, title TEXT, body TEXT, tags TEXT)")

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nexus_agent.atomic import write_atomic
+from registry.atomic import write_atomic
 from registry.model import Tool
 from slb.build import build_buffer
 from slb.embedder import Embedder
@@ -99,7 +99,7 @@ def test_threads_splice_bit_identically(llamacpp_backend, fault):
 
 
 def test_concurrent_atomic_writers_never_tear(tmp_path, fault):
-    f = fault("4 threads write one file at once", "nexus_agent.atomic", "the file is always one complete version")
+    f = fault("4 threads write one file at once", "registry.atomic", "the file is always one complete version")
     path = tmp_path / "shared.bin"
     versions = {i: bytes([i]) * (1 << 20) for i in range(THREADS)}
     seen: list[bytes] = []
@@ -130,9 +130,9 @@ def test_every_file_writer_is_atomic(folder):
     offenders = []
     for p in sorted((ROOT / folder).rglob("*.py")):
         rel = p.relative_to(ROOT).as_posix()
-        if rel in EXEMPT or rel == "nexus_agent/atomic.py":
+        if rel in EXEMPT or rel == "registry/atomic.py":
             continue
         for n, line in enumerate(p.read_text().splitlines(), 1):
             if WRITE_CALLS.search(line) and "write_atomic" not in line:
                 offenders.append(f"{rel}:{n}: {line.strip()}")
-    assert not offenders, "write these through nexus_agent.atomic.write_atomic:\n" + "\n".join(offenders)
+    assert not offenders, "write these through registry.atomic.write_atomic:\n" + "\n".join(offenders)

@@ -32,7 +32,7 @@ def _compile(nexus_home, capped: bool) -> subprocess.CompletedProcess:
 
 
 def test_disk_full_during_compile_leaves_no_partial_block(llamacpp_backend, nexus_home, fault):
-    f = fault("disk full during nexus compile", "splice.compiler / nexus_agent.atomic",
+    f = fault("disk full during nexus compile", "splice.compiler / registry.atomic",
               "exit 1 with a clear error; no .tmp left; every .kvb on disk verifies; failed tools stay stale")
     b = llamacpp_backend
     with RegistryStore() as store:

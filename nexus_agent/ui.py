@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console as RichConsole
+from rich.markup import escape
 
 
 class Console:
@@ -29,26 +30,27 @@ class Console:
             return
         kind = e["event"]
         if kind == "route":
-            tool = e["tool"] or "(no tool)"
-            self.out.print(f"[cyan]route[/cyan] {e['step']!r} → [bold]{tool}[/bold] "
+            tool = escape(e["tool"] or "(no tool)")
+            self.out.print(f"[cyan]route[/cyan] {escape(repr(e['step']))} → [bold]{tool}[/bold] "
                            f"[dim]{e['path']} score={e['score']:.2f} margin={e['margin']:.2f} "
                            f"{e['route_ms']:.0f} ms[/dim]")
         elif kind == "args":
             self._kind = None
-            mark = "[green]valid[/green]" if e["valid"] else f"[red]invalid[/red]: {e['problem']}"
+            mark = "[green]valid[/green]" if e["valid"] else f"[red]invalid[/red]: {escape(str(e['problem']))}"
             self.out.print(f"\n  [dim]{e['source']} · {e['prompt_tokens']} prompt tokens · first argument token "
                            f"{e['ttfat_ms']:.0f} ms ·[/dim] {mark}")
         elif kind == "full_schema":
-            self.out.print(f"  [yellow]full schema[/yellow] ({e.get('why')}): {e['how']}"
-                           + (f" [dim]({e['fallback']})[/dim]" if e.get("fallback") else ""))
+            self.out.print(f"  [yellow]full schema[/yellow] ({escape(str(e.get('why')))}): {escape(str(e['how']))}"
+                           + (f" [dim]({escape(str(e['fallback']))})[/dim]" if e.get("fallback") else ""))
         elif kind == "tool_call":
             style = "green" if e["status"] == "ok" else "red"
             text = e["text"] if len(e["text"]) < 300 else e["text"][:300] + "…"
-            self.out.print(f"  [{style}]{e['status']}[/{style}] {e['tool']} [dim]{e['elapsed_ms']:.0f} ms[/dim]: ",
-                           end="")
+            self.out.print(f"  [{style}]{escape(e['status'])}[/{style}] {escape(e['tool'])} "
+                           f"[dim]{e['elapsed_ms']:.0f} ms[/dim]: ", end="")
             self.out.print(text, markup=False)
         elif kind == "memory" and e["action"] not in ("prefill",):
-            self.out.print(f"  [magenta]memory[/magenta] {e['action']} {e.get('reason', '')}")
+            reason = escape(str(e.get("reason", "")))
+            self.out.print(f"  [magenta]memory[/magenta] {escape(str(e['action']))} {reason}")
 
     def done(self, result) -> None:
         self._kind = None

@@ -91,12 +91,13 @@ def cmd_tools_list(args) -> int:
         print(json.dumps([t.to_json() for t in tools], indent=1, ensure_ascii=False))
         return 0
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=f"{len(tools)} tools")
     for col in ("name", "server", "signature"):
         table.add_column(col, overflow="fold")
-    for t in tools:
-        table.add_row(t.name, t.server or "-", compress(t).split(" — ")[0])
+    for t in tools:  # Text cells: tool text is untrusted and never parsed as rich markup
+        table.add_row(Text(t.name), Text(t.server or "-"), Text(compress(t).split(" — ")[0]))
     _console().print(table)
     return 0
 
@@ -113,10 +114,12 @@ def cmd_tools_show(args) -> int:
     if args.json:
         print(json.dumps({**tool.to_json(), "version": version, "ir": compress(tool)}, indent=2, ensure_ascii=False))
         return 0
+    from rich.markup import escape
     from rich.syntax import Syntax
 
     console = _console()
-    console.print(f"[bold]{tool.name}[/bold]  server={tool.server or '-'}  version={version}  hash={tool.schema_hash[:12]}")
+    console.print(f"[bold]{escape(tool.name)}[/bold]  server={escape(tool.server or '-')}  version={version}  "
+                  f"hash={tool.schema_hash[:12]}")
     console.print(f"IR: {compress(tool)}", markup=False)
     console.print(tool.description, markup=False)
     console.print(Syntax(json.dumps(tool.input_schema, indent=2), "json"))
@@ -165,11 +168,12 @@ def cmd_servers_list(args) -> int:
         print(json.dumps([vars(s) for s in servers], indent=1))
         return 0
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=f"{len(servers)} servers")
     for col in ("name", "tools", "command", "cwd"):
         table.add_column(col, overflow="fold")
     for s in servers:
-        table.add_row(s.name, str(s.tool_count), s.command, s.cwd or "-")
+        table.add_row(Text(s.name), str(s.tool_count), Text(s.command), Text(s.cwd or "-"))
     _console().print(table)
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,11 +49,17 @@ def _config(args):
 def _route(args: argparse.Namespace) -> int:
     from slb.service import open_router
 
-    d = open_router(args.mode, args.reranker).route(args.query)
+    t0 = time.perf_counter()
+    router = open_router(args.mode, args.reranker)
+    load_ms = (time.perf_counter() - t0) * 1e3
+    d = router.route(args.query)
     if args.json:
-        print(json.dumps(d.as_dict(), indent=2))
+        print(json.dumps(d.as_dict() | {"load_ms": load_ms}, indent=2))
         return 0
-    print(f"{d.path}: {d.tool or '(no tool)'}  score={d.score:.3f} margin={d.margin:.3f}  {d.timings['total_ms']:.1f} ms")
+    t = d.timings
+    print(f"{d.path}: {d.tool or '(no tool)'}  score={d.score:.3f} margin={d.margin:.3f}")
+    print(f"  route {t['total_ms']:.1f} ms (embed {t['embed_ms']:.1f}, scan {1e3 * t['scan_ms']:.0f} µs, "
+          f"rerank {t['rerank_ms']:.1f}); models and buffer loaded in {load_ms:.0f} ms")
     for name, cos, logit, lex in d.candidates[:5]:
         print(f"  {name:<40} cos={cos:.3f}" + (f" bm25={lex:.2f}" if lex is not None else "")
               + (f" rerank={logit:.2f}" if logit is not None else ""))

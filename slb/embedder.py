@@ -86,6 +86,11 @@ class Embedder:
             self._model = SentenceTransformer(str(self._path), device="cpu")
         return self._model
 
+    def load(self) -> "Embedder":
+        """Load the model and run one text through it, so that the next query is timed as routing, not loading."""
+        self.embed_texts(["load"])
+        return self
+
     @property
     def dim(self) -> int:
         m = self.model

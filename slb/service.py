@@ -132,8 +132,9 @@ def train(tools: list[ToolEntry], embedder: Embedder, labelled=(), cfg: Reranker
 
 def open_router(mode: str = "gate", reranker: str | None = None, config: EmbedderConfig | None = None,
                 tools: list[ToolEntry] | None = None, path: Path | None = None) -> Router:
-    """A Router over the home buffer with its stored calibration and the matching (or given) reranker."""
-    embedder = Embedder(config)
+    """A Router over the home buffer with its stored calibration and the matching (or given) reranker, its models
+    loaded (the first route is timed as routing)."""
+    embedder = Embedder(config).load()
     path = path or buffer_path()
     buf = SLBuffer(path, model_id=embedder.model_id)
     by_name = {t.name: t for t in (tools if tools is not None else registry_tools())}

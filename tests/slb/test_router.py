@@ -110,3 +110,4 @@ def test_cli_build_train_calibrate_route(nexus_home, capsys):
     assert main(["route", "--json", "Convert 100 dollars to yen"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["tool"] == "convert_currency" and d["path"] in ("auto", "rerank")
+    assert d["timings"]["total_ms"] < d["load_ms"]  # the route is timed apart from loading the models

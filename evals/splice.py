@@ -23,11 +23,9 @@ BLEND_FRAC = 0.15  # CacheBlend recomputes ~15% of a chunk
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from splice.cli import DEFAULT_CATALOG
-
     p.add_argument("--backend", default="llamacpp,mlx", help="comma-separated: llamacpp, mlx")
     p.add_argument("--depths", default="0,64,256,512,1024,2048")
-    p.add_argument("--tool-file", default=str(DEFAULT_CATALOG))
+    p.add_argument("--tool-file", required=True, help="JSON/JSONL tools to sample eval (and calibration) tools from")
     p.add_argument("--n-tools", type=int, default=16,
                    help="eval tools (16 x 8 positions: one flip = 0.008 of top-1, against the target's 0.02 slack)")
     p.add_argument("--calib-tools", type=int, default=4, help="calibration tools (with --calibrate)")

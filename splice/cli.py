@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
-DEFAULT_CATALOG = Path(__file__).resolve().parents[2] / "shared" / "data" / "routing" / "tools.jsonl"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = s.add_parser("calibrate", help="measure splice fidelity per depth and write the model's repair profile")
     c.add_argument("--backend", default="llamacpp", choices=["llamacpp", "mlx"])
     c.add_argument("--model", default=None)
-    c.add_argument("--tool-file", default=str(DEFAULT_CATALOG), help="JSON/JSONL tools to calibrate on")
+    c.add_argument("--tool-file", default=None,
+                   help="JSON/JSONL tools to calibrate on (default: the registry's tools)")
     c.add_argument("--n-tools", type=int, default=4, help="calibration tools (more: a safer profile, slower)")
     c.add_argument("--depths", default="0,64,256,512,1024,2048")
     c.add_argument("--heads", default="0,16,32,64,96,128,192", help="head lengths tried (tokens decoded as text)")
@@ -46,10 +44,22 @@ def _compile(args) -> int:
     return 0
 
 
-def calibration_tools(backend, path: str, n: int, seed: int):
+def calibration_tools(backend, path: str | None, n: int, seed: int):
+    """`n` tools with realistic full schemas from `path`, or from the home registry when `path` is None."""
+    from registry.store import RegistryStore
     from splice.fidelity import sample_tools
 
-    return sample_tools(path, backend.tokenizer, n, seed=10_000 + seed)  # disjoint from the eval's seeds
+    if path is None:
+        with RegistryStore() as store:
+            source = [t.to_mcp() for t in store.list_tools()]
+    else:
+        source = path
+    tools = sample_tools(source, backend.tokenizer, n, seed=10_000 + seed)  # disjoint from the eval's seeds
+    if len(tools) < n:
+        where = path or "the registry"
+        raise SystemExit(f"nexus splice calibrate: {where} has {len(tools)} tools with a 150-400-token schema, "
+                         f"{n} needed; register more tools, pass --tool-file FILE or a smaller --n-tools")
+    return tools
 
 
 def _calibrate(args) -> int:

@@ -157,11 +157,12 @@ class CaseRunner:
         self.session.close()
 
 
-def sample_tools(path, tokenizer, n: int, seed: int, min_tokens: int = 150, max_tokens: int = 400) -> list[Tool]:
-    """`n` seeded tools from a tool file whose schema segment has min..max tokens (realistic full schemas)."""
+def sample_tools(source, tokenizer, n: int, seed: int, min_tokens: int = 150, max_tokens: int = 400) -> list[Tool]:
+    """`n` seeded tools whose schema segment has min..max tokens (realistic full schemas), from `source`: a tool
+    file's path or a list of MCP tool dicts."""
     from registry.sources import load_tool_file
 
-    items = load_tool_file(path)
+    items = list(source) if isinstance(source, list) else load_tool_file(source)
     random.Random(seed).shuffle(items)
     out = []
     for item in items:

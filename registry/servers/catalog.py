@@ -1,6 +1,6 @@
 """Catalogue MCP server: serves a large tool catalogue (JSONL of MCP tools) with deterministic answers.
 
-`--catalog FILE` (default: `../shared/data/routing/tools.jsonl` beside the repository, when present).
+`--catalog FILE` (required): a JSON/JSONL file of MCP tools.
 Each call is validated against the tool's schema; the answer echoes the tool name and arguments with a
 `call_id` (sha256 of the canonical arguments, 16 hex digits), so the same call always gives the same result.
 """
@@ -14,10 +14,6 @@ from pathlib import Path
 
 from registry.model import Tool, ToolValidationError, canonical_json, check_name
 from registry.servers.runtime import PAGE_SIZE, Handler, serve
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CATALOG = REPO_ROOT.parent / "shared" / "data" / "routing" / "tools.jsonl"
-
 
 def answer(tool_name: str):
     def run(arguments: dict) -> dict:
@@ -54,7 +50,7 @@ def load_handlers(path: Path, limit: int | None = None) -> list[Handler]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--catalog", type=Path, default=DEFAULT_CATALOG, help="JSONL file of MCP tools")
+    parser.add_argument("--catalog", type=Path, required=True, help="JSON/JSONL file of MCP tools")
     parser.add_argument("--limit", type=int, default=None, help="serve only the first N tools")
     parser.add_argument("--page-size", type=int, default=PAGE_SIZE, help="tools per tools/list page")
     args = parser.parse_args(argv)

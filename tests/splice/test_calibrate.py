@@ -19,7 +19,7 @@ def test_calibration_curve_follows_its_own_measurements(llamacpp_backend):
         row = table[str(depth)]
         text = row["text"]
         assert text["ttft_ms"] == min(text["ttft_ms_runs"]) and len(text["ttft_ms_runs"]) == 2  # timed before and after
-        assert text["batched_kl"] == 0.0 and 0 < text["kl"] < 0.01  # timed in one batch, bars from one-token batches
+        assert text["batched_kl"] < 1e-8 and 1e-5 < text["kl"] < 0.01  # timed in one batch, bars from one-token batches
         bar = config.kl_margin * max(config.target_kl, 3 * text["kl"])
         top1_bar = text["top1_decisive"] - config.top1_slack
         passing = [k for k in order if k in row and row[k]["kl"] <= bar and row[k]["top1_decisive"] >= top1_bar

@@ -50,8 +50,10 @@ def test_roundtrip_floor_is_rounding_only(backend):
 
 
 def test_text_noise_floor_is_the_decode_path(backend):
-    """The eval's `text` floor prefills the segment again in one-token batches. In one batch it is bit-exact on
-    both backends; llama.cpp's one-token batches take other kernels, which moves the logits a little."""
+    """The eval's `text` floor prefills the segment again in one-token batches. The segment in one batch (then the
+    user turn in another) is a different batch split from the reference's single batch: equal up to float rounding,
+    whose size depends on the BLAS kernel the CPU gets (0 on some, ~4e-12 nats on others). llama.cpp's one-token
+    batches take other kernels, which moves the logits measurably."""
     r = CaseRunner(backend, make_case(backend.tokenizer, TOOL, 64))
     try:
         ref = r.reference()
@@ -60,7 +62,7 @@ def test_text_noise_floor_is_the_decode_path(backend):
         assert r.session.n_past == r.base
     finally:
         r.close()
-    assert whole == 0.0
+    assert whole < 1e-8
     if backend.name == "mlx":
         assert kl < 1e-5
     else:

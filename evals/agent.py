@@ -21,7 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
-CATALOG = Path(__file__).resolve().parents[2] / "shared" / "data" / "routing" / "tools.jsonl"
+from evals.render import Figure, md_table, pct, pyplot
+
 N_CTX = 8192
 
 
@@ -32,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline-tasks", type=int, default=6, help="tasks per size also run on the baseline")
     p.add_argument("--quick", action="store_true", help="30 tasks and 3 baseline tasks per size (~5 min)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--catalog", default=str(CATALOG), help="JSONL of MCP tools used as distractors")
+    p.add_argument("--catalog", required=True, metavar="FILE",
+                   help="JSONL of MCP tools used as distractors (e.g. the public routing catalogue tools.jsonl)")
 
 
 def _bundled_tools():
@@ -54,8 +56,6 @@ def _catalog_tools(path: str, exclude: set[str], limit: int = 600):
     from registry.sources import load_tool_file
 
     out = []
-    if not Path(path).is_file():
-        return out
     for t in load_tool_file(path):
         if t.get("name") in exclude:
             continue
@@ -99,6 +99,8 @@ def _baseline(agent, tools, task_tool, request: str, max_tokens: int) -> tuple[f
 
 
 def run(args: argparse.Namespace) -> dict:
+    if not Path(args.catalog).is_file():  # before the heavy imports: a wrong path fails fast
+        raise FileNotFoundError(f"--catalog {args.catalog}: no such file")
     import numpy as np
 
     from evals.agent_tasks import args_equal, make_tasks
@@ -207,3 +209,37 @@ def _print_table(result: dict) -> None:
               f"{f(s['context_tokens_baseline'], '9.0f'):>9}"
               + (f"  (baseline prompt {s['baseline_prompt_tokens']:.0f} tokens > {N_CTX}: overflows)"
                  if s["baseline_overflows"] else ""))
+
+
+def table(r: dict) -> str:
+    """Markdown: per registry size, routing / JSON-valid / exact-argument rates, TTFAT and context tokens against
+    the concatenate-all baseline."""
+    return md_table(["tools", "routing", "JSON valid", "args exact", "TTFAT (ms)", "baseline TTFAT (ms)",
+                     "context (tok)", "baseline context (tok)"],
+                    [[n, pct(s["routing_acc"]), pct(s["json_valid"]), pct(s["args_exact"]), s["ttfat_ms"],
+                      s["ttfat_baseline_ms"], s["context_tokens"], s["baseline_prompt_tokens"]]
+                     for n, s in sorted(r["sizes"].items(), key=lambda kv: int(kv[0]))])
+
+
+def baseline_figure(r: dict):
+    """Nexus vs the concatenate-all baseline per registry size: context tokens and time to first argument token."""
+    sizes = sorted(r.get("sizes") or {}, key=int)
+    if not sizes:
+        return None
+    fig, (a, b) = pyplot().subplots(1, 2, figsize=(11, 4.5))
+    x = range(len(sizes))
+    w = 0.38
+    for ax, ours, base, ylabel, title in (
+            (a, "context_tokens", "baseline_prompt_tokens", "prompt tokens (median)", "Context per argument call"),
+            (b, "ttfat_ms", "ttfat_baseline_ms", "time to first argument token (ms, median)", "TTFAT")):
+        ax.bar([i - w / 2 for i in x], [r["sizes"][s][ours] or 0 for s in sizes], w, label="Nexus (signature)")
+        ax.bar([i + w / 2 for i in x], [r["sizes"][s].get(base) or 0 for s in sizes], w,
+               label="concatenate-all baseline (0: did not fit / not run)")
+        ax.set_xticks(list(x), [f"{s} tools" for s in sizes])
+        ax.set(xlabel="registry size", ylabel=ylabel, title=title)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    return fig
+
+
+FIGURES = (Figure("agent.png", baseline_figure),)

@@ -11,6 +11,8 @@ import argparse
 import statistics
 import time
 
+from evals.render import md_table
+
 TEXT = (
     "Agents call tools through MCP servers. Each tool has a JSON schema with typed parameters, a description and "
     "an optional output schema. The runtime routes a request to the right tool, fills in the arguments, calls the "
@@ -149,3 +151,11 @@ def run(args: argparse.Namespace) -> dict:
         result["llamacpp_vs_highlevel_min_ratio"] = min(ratios)
         console.print(f"our llama.cpp session vs high-level Llama: worst ratio {min(ratios):.3f} (target >= 0.90)")
     return result
+
+
+def table(r: dict) -> str:
+    """Markdown: prefill tokens/s per length and decode tokens/s, one row per backend."""
+    bs = r["backends"]
+    lengths = sorted({n for b in bs.values() for n in b["prefill_tps"]}, key=int)
+    return md_table(["backend", *[f"prefill {n} (tok/s)" for n in lengths], "decode (tok/s)"],
+                    [[k, *[b["prefill_tps"].get(n) for n in lengths], b["decode_tps"]] for k, b in bs.items()])

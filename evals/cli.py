@@ -1,32 +1,16 @@
-"""`nexus eval NAME ...`: one entry per benchmark module.
+"""`nexus eval NAME ...`: one subcommand per entry of evals.benchmarks.BENCHMARKS, plus `nexus eval all`.
 
-A benchmark module defines `add_arguments(parser)` and `run(args) -> dict` (the JSON-serialisable result); this
-layer adds `--json OUT`, prints nothing itself, and writes the result when asked.
+Each subcommand takes the benchmark's own arguments and `--json OUT`; this layer prints nothing itself and writes
+the result when asked. `nexus eval all` (evals/report.py) runs every benchmark at report size, then REPORT.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from pathlib import Path
 
 from registry.atomic import write_atomic
-
-# name -> module; the module's docstring first line is the help text.
-EVALS: dict[str, str] = {
-    "backends": "evals.backends",
-    "eviction": "evals.eviction",
-    "routing": "evals.routing",
-    "scan": "evals.scan",
-    "agent": "evals.agent",
-    "splice": "evals.splice",
-    "all": "evals.report",  # every eval at report size, then REPORT.md (evals/report.py)
-}
-
-
-def _help(module_name: str) -> str:
-    return f"see `nexus eval {module_name.rsplit('.', 1)[-1]} --help`"
 
 
 def write_json(result: dict, out: str | None) -> None:
@@ -38,18 +22,22 @@ def write_json(result: dict, out: str | None) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from evals import report
+    from evals.benchmarks import BENCHMARKS
+
     p = sub.add_parser("eval", help="run a benchmark (tables, JSON, plots)")
     evals = p.add_subparsers(dest="eval_name", metavar="NAME", required=True)
-    for name, module_name in EVALS.items():
-        q = evals.add_parser(name, help=_help(module_name))
+    for bench in BENCHMARKS:
+        q = evals.add_parser(bench.name, help=f"see `nexus eval {bench.name} --help`")
         q.add_argument("--json", dest="json_out", metavar="OUT", help="write the result as JSON to OUT")
-        q.set_defaults(func=_run, eval_module=module_name)
-        # Eval modules keep heavy imports (MLX, torch, llama.cpp) inside run(), so this import is cheap.
-        importlib.import_module(module_name).add_arguments(q)
+        q.set_defaults(func=_run, eval_run=bench.run)
+        bench.add_arguments(q)
+    q = evals.add_parser("all", help="see `nexus eval all --help`")
+    q.add_argument("--json", dest="json_out", metavar="OUT", help="write the result as JSON to OUT")
+    q.set_defaults(func=_run, eval_run=report.run)
+    report.add_arguments(q)
 
 
 def _run(args: argparse.Namespace) -> int:
-    module = importlib.import_module(args.eval_module)
-    result = module.run(args)
-    write_json(result, args.json_out)
+    write_json(args.eval_run(args), args.json_out)
     return 0

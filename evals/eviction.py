@@ -13,7 +13,8 @@ BUDGETS = (0.125, 0.25, 0.5)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="one replay trace, two recall traces, three recall policies, 3 survival repeats without the redraw ablation (< 10 min on 2 cores)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", default=None, help="PNG path for error and recall vs budget (default: next to --json)")
+    p.add_argument("--plot", default=None,
+                   help="PNG path for error, certificate coverage and recall vs budget (default: next to --json)")
 
 
 def _variants():
@@ -138,25 +139,9 @@ def _print(result: dict) -> None:
 
 
 def _plot(result: dict, args) -> None:
+    from evals.eviction_report import FIGURES
+    from evals.render import save_plot
+
     out = args.plot or (str(args.json_out).rsplit(".", 1)[0] + ".png" if getattr(args, "json_out", None) else None)
-    if not out:
-        return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    budgets = [float(b) for b in result["budgets"]]
-    for name in result["budgets"][str(budgets[0])]:
-        ax1.plot(budgets, [result["budgets"][str(b)][name]["median_rel_err"] for b in budgets], marker="o", label=name)
-    ax1.set(xlabel="KV budget (fraction of prompt)", ylabel="median relative attention-output error", xscale="log")
-    ax1.legend(fontsize=6)
-    rec = result["recall"]["0.25"]
-    names = [k for k in rec if "recall_rel" in rec[k]]
-    ax2.bar(names, [rec[k]["recall_rel"] for k in names])
-    ax2.set(xlabel="policy (budget 0.25, stream condition)", ylabel="fact recall relative to full cache")
-    ax2.tick_params(axis="x", labelrotation=30, labelsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    print(f"wrote {out}")
+    if out and save_plot(FIGURES, result, out):
+        print(f"wrote {out}")

@@ -2,8 +2,8 @@
 
 For every scored query and size N the registry is its gold tool plus N−1 distractors drawn from the
 catalogue with a seeded RNG. tau and the score floor are fitted per size on calibration queries (`--calib`,
-default the public queries minus any query being scored; when nothing is left, 2-fold cross-fitting split
-by gold tool: each fold is scored with thresholds fitted on the other). The reranker is trained on queries
+default the `--queries` file, minus any query being scored; when nothing is left, 2-fold cross-fitting split by
+gold tool: each fold is scored with thresholds fitted on the other). The reranker is trained on queries
 synthesized from the catalogue (plus calibration queries disjoint from the scored ones), never on scored
 queries, and reused from the Nexus home when it matches. When cross-fitting, one reranker is trained per
 fold, on the synthesized queries plus the other fold's labelled queries, and scores only its own fold.
@@ -23,14 +23,18 @@ import json
 import time
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "routing"
+from evals.render import Figure, log_ticks, md_table, pct, pyplot, save_plot
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tools", default=str(DATA / "tools.jsonl"), help="catalogue: MCP tool objects, JSONL")
-    p.add_argument("--queries", default=str(DATA / "queries.jsonl"), help='scored queries {"query", "gold_tool"}')
-    p.add_argument("--irrelevant", default=None, help="prompts with no fitting tool (expected route: none)")
-    p.add_argument("--calib", default=None, help="labelled queries to fit tau/floor/reranker (default: public set)")
+    p.add_argument("--tools", required=True, metavar="FILE",
+                   help="catalogue: MCP tool objects, JSONL (e.g. the public routing data's tools.jsonl)")
+    p.add_argument("--queries", required=True, metavar="FILE",
+                   help='scored queries {"query", "gold_tool"}, JSONL (e.g. the public routing data\'s queries.jsonl)')
+    p.add_argument("--irrelevant", default=None, metavar="FILE",
+                   help="prompts with no fitting tool (expected route: none)")
+    p.add_argument("--calib", default=None, metavar="FILE",
+                   help="labelled queries to fit tau/floor/reranker (default: the --queries file)")
     p.add_argument("--sizes", default="10,50,100,250")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", type=float, default=0.97, help="auto-route precision target for tau")
@@ -43,6 +47,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=10, help="candidates reranked")
     p.add_argument("--plot", default=None, help="PNG path for accuracy vs size (default: next to --json)")
     p.add_argument("--threads", type=int, default=1)
+
+
+def check_files(args: argparse.Namespace) -> None:
+    """FileNotFoundError naming the flag whose file is absent."""
+    for flag in ("tools", "queries", "calib", "irrelevant"):
+        path = getattr(args, flag)
+        if path is not None and not Path(path).is_file():
+            raise FileNotFoundError(f"--{flag} {path}: no such file")
 
 
 def _jsonl(path: str) -> list[dict]:
@@ -105,6 +117,7 @@ def _fit_weights(rr, texts, lexical, qtexts, qv, golds, f32, m8, sc, size, seed,
 
 
 def run(args: argparse.Namespace) -> dict:
+    check_files(args)  # before the heavy imports: a wrong path fails fast
     import numpy as np
     import torch
 
@@ -126,7 +139,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.max_queries:
         scored = scored[: args.max_queries]
     scored_texts = {q["query"] for q in scored}
-    calib_path = args.calib or str(DATA / "queries.jsonl")
+    calib_path = args.calib or args.queries
     calib = [q for q in _jsonl(calib_path) if q.get("gold_tool") in pos and q["query"] not in scored_texts]
     cross_fit = len(calib) < 20
     if cross_fit:  # thresholds for fold f come from the other fold of the scored set
@@ -240,7 +253,7 @@ def run(args: argparse.Namespace) -> dict:
     _embed_latency(emb, scored, result)
     plot = args.plot or (str(Path(args.json_out).with_suffix(".png")) if getattr(args, "json_out", None) else None)
     if plot:
-        _plot(result, plot)
+        save_plot(FIGURES, result, plot)
         result["plot"] = plot
     return result
 
@@ -292,27 +305,37 @@ def _embed_latency(emb, scored, result) -> None:
     result["embed_query_ms_p50"] = float(np.percentile(ts, 50)) if ts else None
 
 
-def _plot(result: dict, path: str) -> None:
-    import matplotlib
+def table(r: dict) -> str:
+    """Markdown: per registry size, top-1 accuracy of each stage, the auto-route rate and precision, the share of
+    irrelevant prompts routed to none and the p50 route time."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def none_precision(s):  # null when the eval ran without --irrelevant
+        v = s.get("none_precision")
+        return "—" if v is None or v != v else pct(v)
 
-    sizes = sorted(int(s) for s in result["sizes"])
-    fig, ax = plt.subplots(figsize=(6, 4))
+    return md_table(["tools", "top-1 float32", "top-1 INT8", "top-1 routed", "top-1 routed (no CE)", "auto-routed",
+                     "auto precision", "irrelevant → none", "route p50 (ms)"],
+                    [[n, pct(s["top1_embed"]), pct(s["top1_int8"]), pct(s["top1_routed"]),
+                      pct(s.get("top1_routed_lex")), pct(s["auto_rate"]),
+                      pct(s["auto_precision"]), none_precision(s), s["route_ms_p50"]]
+                     for n, s in sorted(r["sizes"].items(), key=lambda kv: int(kv[0]))])
+
+
+def accuracy_figure(r: dict):
+    """Top-1 routing accuracy (%) vs registry size (tools), float32 / INT8 embeddings and the full router."""
+    sizes = sorted(int(s) for s in r.get("sizes", {}))
+    if not sizes:
+        return None
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     for key, label, style in (("top1_embed", "embedding float32", "-"), ("top1_int8", "embedding INT8", "--"),
-                              ("top1_routed", "gated + reranked (fitted)", "-"),
-                              ("top1_routed_lex", "gated + cosine/BM25 (no cross-encoder)", ":")):
-        if any(key not in result["sizes"][str(s)] for s in sizes):
-            continue
-        ax.plot(sizes, [result["sizes"][str(s)][key] * 100 for s in sizes], style, marker="o", label=label)
-    ax.set_xscale("log")
-    ax.set_xlabel("registry size (tools)")
-    ax.set_ylabel("top-1 accuracy (%)")
-    ax.set_title(f"Routing accuracy vs registry size ({result['queries']} queries)")
+                              ("top1_routed", "gated + reranked router", "-")):
+        ax.plot(sizes, [r["sizes"][str(s)][key] * 100 for s in sizes], style, marker="o", label=label)
+    log_ticks(ax, sizes)
+    ax.set(xlabel="registry size (tools, log scale)", ylabel="top-1 accuracy (%)",
+           title="Routing accuracy vs registry size")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
+
+
+FIGURES = (Figure("routing_accuracy.png", accuracy_figure),)

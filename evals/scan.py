@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from evals.render import Figure, log_ticks, md_table, pyplot
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="250,10000,100000")
@@ -79,3 +81,29 @@ def _run(args, np, quantize_rows, scan, two) -> dict:
                                    "plain_us_p50": pl, "two_stage_us_p50": ts, "coarse_dim": kc}
         print(f"{n:>8} {used:>10} {pl:9.1f} {ts:10.1f} {npf:13.1f} {npf / nb:8.1f}x")
     return result
+
+
+def table(r: dict) -> str:
+    """Markdown: p50 scan time per registry size, Numba INT8 vs NumPy float32, and the speedup."""
+    return md_table(["registry size", "Numba INT8 p50 (µs)", "NumPy float32 p50 (µs)", "speedup"],
+                    [[n, s["numba_us_p50"], s["numpy_f32_us_p50"], f"{s['speedup']:.1f}×"]
+                     for n, s in sorted(r["sizes"].items(), key=lambda kv: int(kv[0]))])
+
+
+def time_figure(r: dict):
+    """p50 scan time (µs per query) vs registry size, Numba INT8 and NumPy float32."""
+    sizes = sorted(int(s) for s in r.get("sizes", {}))
+    if not sizes:
+        return None
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    for key, label in (("numba_us_p50", "Numba INT8 scan"), ("numpy_f32_us_p50", "NumPy float32 scan")):
+        ax.plot(sizes, [r["sizes"][str(s)][key] for s in sizes], marker="o", label=label)
+    log_ticks(ax, sizes)
+    ax.set(yscale="log", xlabel="registry size (tools, log scale)",
+           ylabel="scan time per query, p50 (µs, log scale)", title=f"Top-{r.get('k', 5)} scan time, 1 thread")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    return fig
+
+
+FIGURES = (Figure("scan_time.png", time_figure),)

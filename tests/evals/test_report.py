@@ -23,12 +23,12 @@ def _run(out: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 def test_eval_all_tiny_writes_report_and_reuses(tmp_path):
-    from evals.report import TINY
+    from evals.benchmarks import benchmark
 
     out = tmp_path / "report"
     _run(out, "--only", "scan,backends", "--tiny")
     scan = json.loads((out / "scan.json").read_text())
-    assert scan["report_meta"]["args"] == TINY["scan"] and set(scan["sizes"]) == {"250", "2000"}
+    assert scan["report_meta"]["args"] == list(benchmark("scan").tiny_plan) and set(scan["sizes"]) == {"250", "2000"}
     backends = json.loads((out / "backends.json").read_text())
     assert backends["backends"]["llamacpp"]["decode_tps"] > 0
     png = out / "scan_time.png"

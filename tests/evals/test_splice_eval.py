@@ -12,10 +12,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_eval_splice_writes_every_variant(tmp_path):
+def test_eval_splice_writes_every_variant(tmp_path, routing_data):
     out = tmp_path / "splice.json"
     cmd = [sys.executable, "-m", "nexus_agent.cli", "eval", "splice", "--backend", "mlx", "--depths", "0,64",
-           "--n-tools", "1", "--json", str(out), "--plot", str(tmp_path / "splice.png")]
+           "--n-tools", "1", "--tool-file", str(routing_data / "tools.jsonl"), "--json", str(out),
+           "--plot", str(tmp_path / "splice.png")]
     p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "NEXUS_THREADS": "1"}, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -30,4 +31,5 @@ def test_eval_splice_writes_every_variant(tmp_path):
         assert row["repaired"]["speedup"] > 0
     assert depths["0"]["reanchored"]["kl"] < 2e-3  # the block's own anchor
     assert depths["64"]["bare"]["kl"] > depths["64"]["reanchored"]["kl"]  # rotation buys fidelity at depth
-    assert (tmp_path / "splice.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "splice.png").read_bytes()[:4] == b"\x89PNG"  # fidelity, and TTFT beside it
+    assert (tmp_path / "splice_ttft.png").read_bytes()[:4] == b"\x89PNG"

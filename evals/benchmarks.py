@@ -1,0 +1,109 @@
+"""Every benchmark, in one list: `nexus eval NAME`, `nexus eval all` and REPORT.md are built from BENCHMARKS.
+
+An entry names an eval module's `add_arguments(parser)` and `run(args) -> dict` (the JSON-serialisable result),
+its report section (title, blurb, `table(result) -> str`, the figures), and two argument lists for
+`nexus eval all`: `plan` (the report's size) and `tiny_plan` (smoke size, seconds per eval, for tests). In a plan
+`{data}` stands for the folder given as `nexus eval all --data DIR`. The list's order is the report's order.
+Eval modules keep heavy imports (MLX, torch, llama.cpp) inside `run()`, so importing this list is cheap.
+
+Adding an eval: write evals/NAME.py with `add_arguments`, `run`, `table` and `FIGURES`, and add its entry here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from evals import agent, backends, eviction, eviction_report, routing, scan, splice
+from evals.render import Figure
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One eval: how to run it, how its JSON is reported, and the arguments `nexus eval all` runs it with."""
+
+    name: str  # `nexus eval NAME`, NAME.json in the report folder
+    title: str  # REPORT.md section heading
+    blurb: str  # the paragraph under the heading
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], dict]
+    table: Callable[[dict], str]
+    figures: tuple[Figure, ...]
+    plan: tuple[str, ...]
+    tiny_plan: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier() or self.name == "all":
+            raise ValueError(f"benchmark name {self.name!r}: a Python identifier other than 'all' is expected")
+        for label, args in (("plan", self.plan), ("tiny_plan", self.tiny_plan)):
+            if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+                raise ValueError(f"benchmark {self.name}: {label} must be a tuple of argument strings")
+
+    def needs_data(self, tiny: bool = False) -> bool:
+        """Whether the plan refers to `{data}` (so `nexus eval all` must be given --data DIR)."""
+        return any("{data}" in a for a in (self.tiny_plan if tiny else self.plan))
+
+    def plan_for(self, data: str | None, tiny: bool = False) -> list[str]:
+        """The plan's arguments with `{data}` replaced by `data`."""
+        args = self.tiny_plan if tiny else self.plan
+        return [a.replace("{data}", data) if data is not None else a for a in args]
+
+
+BENCHMARKS: list[Benchmark] = [
+    Benchmark(
+        name="backends", title="Backend speed",
+        blurb="Prefill and decode throughput of our llama.cpp and MLX sessions against llama-cpp-python's "
+              "high-level `Llama`, same GGUF, same process.",
+        add_arguments=backends.add_arguments, run=backends.run, table=backends.table, figures=(),
+        plan=("--lengths", "256,1024,4096", "--decode-tokens", "32", "--repeats", "2",
+              "--backends", "llamacpp,mlx,llamacpp-highlevel"),
+        tiny_plan=("--lengths", "64", "--decode-tokens", "8", "--repeats", "1", "--backends", "llamacpp")),
+    Benchmark(
+        name="scan", title="SLB scan",
+        blurb="Top-k scan over the INT8 embedding buffer (Numba) vs a float32 NumPy scan, one thread.",
+        add_arguments=scan.add_arguments, run=scan.run, table=scan.table, figures=scan.FIGURES,
+        plan=("--sizes", "250,1000,10000,100000", "--repeats", "100"),
+        tiny_plan=("--sizes", "250,2000", "--repeats", "20")),
+    Benchmark(
+        name="routing", title="Routing",
+        blurb="Top-1 accuracy of the semantic lookaside buffer as the registry grows (gold tool plus seeded "
+              "distractors).",
+        add_arguments=routing.add_arguments, run=routing.run, table=routing.table, figures=routing.FIGURES,
+        plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50,100,250",
+              "--train-steps", "150", "--irrelevant", "{data}/queries_irrelevant.jsonl"),
+        tiny_plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50",
+                   "--max-queries", "30", "--reranker", "none")),
+    Benchmark(
+        name="splice", title="Schema splicing",
+        blurb="KL and top-1 agreement of a spliced schema block against a full prefill, and time to first token, "
+              "per insertion depth and splice variant.",
+        add_arguments=splice.add_arguments, run=splice.run, table=splice.table, figures=splice.FIGURES,
+        plan=("--backend", "llamacpp,mlx", "--depths", "0,64,256,512,1024,2048", "--n-tools", "16",
+              "--calib-tools", "4", "--calibrate", "--tool-file", "{data}/tools.jsonl"),
+        tiny_plan=("--backend", "llamacpp", "--depths", "0,64", "--n-tools", "1", "--calib-tools", "1",
+                   "--tool-file", "{data}/tools.jsonl")),
+    Benchmark(
+        name="eviction", title="KV eviction",
+        blurb="Relative attention-output error per policy and budget (offline replay on captured Q/K/V), the "
+              "certified policy's certificate coverage, and fact recall.",
+        add_arguments=eviction.add_arguments, run=eviction.run, table=eviction_report.table,
+        figures=eviction_report.FIGURES,
+        plan=("--quick",),
+        tiny_plan=("--quick",)),
+    Benchmark(
+        name="agent", title="Agent",
+        blurb="Argument generation through the signature path vs the concatenate-all-schemas baseline.",
+        add_arguments=agent.add_arguments, run=agent.run, table=agent.table, figures=agent.FIGURES,
+        plan=("--quick", "--sizes", "10,250", "--catalog", "{data}/tools.jsonl"),
+        tiny_plan=("--quick", "--sizes", "10", "--tasks", "4", "--baseline-tasks", "1",
+                   "--catalog", "{data}/tools.jsonl")),
+]
+
+
+def benchmark(name: str) -> Benchmark:
+    """The entry called `name`; ValueError listing the known names otherwise."""
+    for b in BENCHMARKS:
+        if b.name == name:
+            return b
+    raise ValueError(f"unknown eval {name!r}; choose from {', '.join(b.name for b in BENCHMARKS)}")

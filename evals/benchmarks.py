@@ -1,8 +1,9 @@
 """Every benchmark, in one list: `nexus eval NAME`, `nexus eval all` and REPORT.md are built from BENCHMARKS.
 
 An entry names an eval module's `add_arguments(parser)` and `run(args) -> dict` (the JSON-serialisable result),
-its report section (title, blurb, `table(result) -> str`, the figures), and two argument lists for
-`nexus eval all`: `plan` (the report's size) and `tiny_plan` (smoke size, seconds per eval, for tests). In a plan
+its report section (title, blurb, `table(result) -> str`, the figures), and three argument lists for
+`nexus eval all`: `plan` (the report's size), `quick_plan` (minutes per eval: `--quick`, for checking a change
+against a baseline run) and `tiny_plan` (smoke size, seconds per eval, for tests). In a plan
 `{data}` stands for the folder given as `nexus eval all --data DIR`. The list's order is the report's order.
 Eval modules keep heavy imports (MLX, torch, llama.cpp) inside `run()`, so importing this list is cheap.
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from evals import agent, backends, eviction, eviction_report, routing, scan, splice
 from evals.render import Figure
 
+SIZES = ("full", "quick", "tiny")
 
 @dataclass(frozen=True)
 class Benchmark:
@@ -31,23 +33,30 @@ class Benchmark:
     table: Callable[[dict], str]
     figures: tuple[Figure, ...]
     plan: tuple[str, ...]
+    quick_plan: tuple[str, ...]
     tiny_plan: tuple[str, ...]
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier() or self.name == "all":
             raise ValueError(f"benchmark name {self.name!r}: a Python identifier other than 'all' is expected")
-        for label, args in (("plan", self.plan), ("tiny_plan", self.tiny_plan)):
+        for size in SIZES:
+            args = self.args(size)
             if isinstance(args, str) or not all(isinstance(a, str) for a in args):
-                raise ValueError(f"benchmark {self.name}: {label} must be a tuple of argument strings")
+                raise ValueError(f"benchmark {self.name}: its {size} plan must be a tuple of argument strings")
 
-    def needs_data(self, tiny: bool = False) -> bool:
+    def args(self, size: str = "full") -> tuple[str, ...]:
+        """The raw plan of one size: "full" (the report's), "quick" or "tiny"."""
+        if size not in SIZES:
+            raise ValueError(f"plan size {size!r}: choose from {', '.join(SIZES)}")
+        return {"full": self.plan, "quick": self.quick_plan, "tiny": self.tiny_plan}[size]
+
+    def needs_data(self, size: str = "full") -> bool:
         """Whether the plan refers to `{data}` (so `nexus eval all` must be given --data DIR)."""
-        return any("{data}" in a for a in (self.tiny_plan if tiny else self.plan))
+        return any("{data}" in a for a in self.args(size))
 
-    def plan_for(self, data: str | None, tiny: bool = False) -> list[str]:
+    def plan_for(self, data: str | None, size: str = "full") -> list[str]:
         """The plan's arguments with `{data}` replaced by `data`."""
-        args = self.tiny_plan if tiny else self.plan
-        return [a.replace("{data}", data) if data is not None else a for a in args]
+        return [a.replace("{data}", data) if data is not None else a for a in self.args(size)]
 
 
 BENCHMARKS: list[Benchmark] = [
@@ -58,12 +67,15 @@ BENCHMARKS: list[Benchmark] = [
         add_arguments=backends.add_arguments, run=backends.run, table=backends.table, figures=(),
         plan=("--lengths", "256,1024,4096", "--decode-tokens", "32", "--repeats", "2",
               "--backends", "llamacpp,mlx,llamacpp-highlevel"),
+        quick_plan=("--lengths", "256,1024", "--decode-tokens", "32", "--repeats", "2",
+                    "--backends", "llamacpp,mlx,llamacpp-highlevel"),
         tiny_plan=("--lengths", "64", "--decode-tokens", "8", "--repeats", "1", "--backends", "llamacpp")),
     Benchmark(
         name="scan", title="SLB scan",
         blurb="Top-k scan over the INT8 embedding buffer (Numba) vs a float32 NumPy scan, one thread.",
         add_arguments=scan.add_arguments, run=scan.run, table=scan.table, figures=scan.FIGURES,
         plan=("--sizes", "250,1000,10000,100000", "--repeats", "100"),
+        quick_plan=("--sizes", "250,1000,10000,100000", "--repeats", "100"),
         tiny_plan=("--sizes", "250,2000", "--repeats", "20")),
     Benchmark(
         name="routing", title="Routing",
@@ -72,6 +84,8 @@ BENCHMARKS: list[Benchmark] = [
         add_arguments=routing.add_arguments, run=routing.run, table=routing.table, figures=routing.FIGURES,
         plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50,100,250",
               "--train-steps", "150", "--irrelevant", "{data}/queries_irrelevant.jsonl"),
+        quick_plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50,100,250",
+                    "--reranker", "none", "--irrelevant", "{data}/queries_irrelevant.jsonl"),
         tiny_plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50",
                    "--max-queries", "30", "--reranker", "none")),
     Benchmark(
@@ -81,6 +95,8 @@ BENCHMARKS: list[Benchmark] = [
         add_arguments=splice.add_arguments, run=splice.run, table=splice.table, figures=splice.FIGURES,
         plan=("--backend", "llamacpp,mlx", "--depths", "0,64,256,512,1024,2048", "--n-tools", "16",
               "--calib-tools", "4", "--calibrate", "--tool-file", "{data}/tools.jsonl"),
+        quick_plan=("--backend", "llamacpp,mlx", "--depths", "0,256,1024", "--n-tools", "4", "--calib-tools", "2",
+                    "--calibrate", "--tool-file", "{data}/tools.jsonl"),
         tiny_plan=("--backend", "llamacpp", "--depths", "0,64", "--n-tools", "1", "--calib-tools", "1",
                    "--tool-file", "{data}/tools.jsonl")),
     Benchmark(
@@ -90,12 +106,14 @@ BENCHMARKS: list[Benchmark] = [
         add_arguments=eviction.add_arguments, run=eviction.run, table=eviction_report.table,
         figures=eviction_report.FIGURES,
         plan=("--quick",),
+        quick_plan=("--quick",),
         tiny_plan=("--quick",)),
     Benchmark(
         name="agent", title="Agent",
         blurb="Argument generation through the signature path vs the concatenate-all-schemas baseline.",
         add_arguments=agent.add_arguments, run=agent.run, table=agent.table, figures=agent.FIGURES,
         plan=("--quick", "--sizes", "10,250", "--catalog", "{data}/tools.jsonl"),
+        quick_plan=("--quick", "--sizes", "10,250", "--catalog", "{data}/tools.jsonl"),
         tiny_plan=("--quick", "--sizes", "10", "--tasks", "4", "--baseline-tasks", "1",
                    "--catalog", "{data}/tools.jsonl")),
 ]

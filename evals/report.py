@@ -1,7 +1,8 @@
 """Run every eval at a report size and write REPORT.md with tables and plots (`nexus eval all --out DIR`).
 
 Each eval of evals.benchmarks.BENCHMARKS runs in this process through its own `add_arguments`/`run` with the
-entry's `plan` (`--tiny`: its `tiny_plan`, a smoke size for tests), and its JSON goes to DIR/NAME.json. Plans
+entry's `plan` (`--quick`: its `quick_plan`, minutes per eval; `--tiny`: its `tiny_plan`, a smoke size for
+tests), and its JSON goes to DIR/NAME.json. Plans
 that read the public routing data take its folder from `--data DIR`. The report is then written from every
 NAME.json present in DIR, so a long run can be split: `--only scan,routing` runs just those, `--reuse` keeps
 JSON already in DIR instead of re-running it.
@@ -18,18 +19,21 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from evals.benchmarks import BENCHMARKS, Benchmark, benchmark
+from evals.benchmarks import BENCHMARKS, SIZES, Benchmark, benchmark
 from evals.cli import write_json
 from evals.render import save_figures
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     names = ",".join(b.name for b in BENCHMARKS)
-    readers = ", ".join(b.name for b in BENCHMARKS if b.needs_data() or b.needs_data(tiny=True))
+    readers = ", ".join(b.name for b in BENCHMARKS if any(b.needs_data(size) for size in SIZES))
     p.add_argument("--out", default="evals/report", help="folder for NAME.json, the PNG plots and REPORT.md")
     p.add_argument("--only", default=None, help=f"comma-separated evals to run (default: all of {names})")
     p.add_argument("--reuse", action="store_true", help="keep NAME.json already in --out instead of re-running")
-    p.add_argument("--tiny", action="store_true", help="smoke-size arguments (seconds per eval; for tests)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true",
+                      help="each eval's quick plan (minutes per eval: compare a change against a baseline run)")
+    size.add_argument("--tiny", action="store_true", help="smoke-size arguments (seconds per eval; for tests)")
     p.add_argument("--data", default=None, metavar="DIR",
                    help="the public routing data folder (tools.jsonl, queries.jsonl, queries_irrelevant.jsonl); "
                         f"needed by the plans that read it ({readers})")
@@ -58,10 +62,10 @@ def selected(only: str | None) -> list[str]:
     return names
 
 
-def check_data(benches: list[Benchmark], data: str | None, tiny: bool) -> None:
+def check_data(benches: list[Benchmark], data: str | None, size: str) -> None:
     """Before any eval runs: ValueError naming --data when a plan reads the data folder and none is given,
     FileNotFoundError when the folder or a file a plan names in it (`{data}/FILE`) is absent."""
-    needy = [b.name for b in benches if b.needs_data(tiny)]
+    needy = [b.name for b in benches if b.needs_data(size)]
     if not needy:
         return
     if data is None:
@@ -70,8 +74,7 @@ def check_data(benches: list[Benchmark], data: str | None, tiny: bool) -> None:
     if not Path(data).is_dir():
         raise FileNotFoundError(f"--data {data}: no such folder")
     for b in benches:
-        plan = b.tiny_plan if tiny else b.plan
-        for raw, arg in zip(plan, b.plan_for(data, tiny)):
+        for raw, arg in zip(b.args(size), b.plan_for(data, size)):
             if raw.startswith("{data}/") and not Path(arg).is_file():
                 raise FileNotFoundError(f"--data {data}: {raw[len('{data}/'):]} is missing (the {b.name} plan "
                                         "reads it)")
@@ -82,20 +85,26 @@ def run(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     benches = [benchmark(n) for n in selected(args.only)]
     reused = {b.name for b in benches if args.reuse and (out / f"{b.name}.json").exists()}
-    check_data([b for b in benches if b.name not in reused], args.data, args.tiny)
+    size = plan_size(args)
+    check_data([b for b in benches if b.name not in reused], args.data, size)
     out.mkdir(parents=True, exist_ok=True)
     status = {}
     for bench in benches:
         if bench.name in reused:
             status[bench.name] = "reused"
             continue
-        argv = bench.plan_for(args.data, args.tiny)
+        argv = bench.plan_for(args.data, size)
         print(f"== nexus eval {bench.name} {' '.join(argv)}", flush=True)
         run_eval(bench, argv, out)
         status[bench.name] = "ran"
     report = write_report(out)
     print(f"wrote {report}")
-    return {"out": str(out), "report": str(report), "status": status, "tiny": bool(args.tiny)}
+    return {"out": str(out), "report": str(report), "status": status, "size": size, "tiny": size == "tiny"}
+
+
+def plan_size(args: argparse.Namespace) -> str:
+    """The plan size `nexus eval all` was asked for: "tiny", "quick" or "full"."""
+    return "tiny" if args.tiny else "quick" if args.quick else "full"
 
 
 def _git_commit() -> str:

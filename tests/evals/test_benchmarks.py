@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.benchmarks import BENCHMARKS, benchmark
+from evals.benchmarks import BENCHMARKS, SIZES, benchmark
 
 REPORT = Path(__file__).resolve().parents[2] / "evals" / "report"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -24,8 +24,8 @@ def test_plans_parse_through_the_cli(bench, routing_data):
     from nexus_agent.cli import build_parser
 
     parser = build_parser()
-    for tiny in (False, True):
-        argv = bench.plan_for(str(routing_data), tiny)
+    for size in SIZES:
+        argv = bench.plan_for(str(routing_data), size)
         assert not any("{data}" in a for a in argv)
         args = parser.parse_args(["eval", bench.name, *argv])
         assert args.eval_run is bench.run and args.json_out is None
@@ -58,21 +58,22 @@ def test_check_data_names_the_flag_and_the_missing_file(tmp_path, routing_data):
     from evals.report import check_data
 
     routing, agent, scan = benchmark("routing"), benchmark("agent"), benchmark("scan")
-    check_data([scan], None, tiny=False)  # no plan reads the data folder: nothing to check
-    check_data(BENCHMARKS, str(routing_data), tiny=False)
-    check_data(BENCHMARKS, str(routing_data), tiny=True)
+    check_data([scan], None, size="full")  # no plan reads the data folder: nothing to check
+    check_data(BENCHMARKS, str(routing_data), size="full")
+    check_data(BENCHMARKS, str(routing_data), size="tiny")
+    check_data(BENCHMARKS, str(routing_data), size="quick")
     with pytest.raises(ValueError, match=r"^--data DIR is needed by routing, agent: "):
-        check_data([scan, routing, agent], None, tiny=True)
+        check_data([scan, routing, agent], None, size="tiny")
     with pytest.raises(FileNotFoundError, match="--data .*: no such folder"):
-        check_data([routing], str(tmp_path / "nope"), tiny=False)
+        check_data([routing], str(tmp_path / "nope"), size="full")
     (tmp_path / "tools.jsonl").write_text("")
     with pytest.raises(FileNotFoundError, match=r": queries.jsonl is missing \(the routing plan reads it\)"):
-        check_data([routing], str(tmp_path), tiny=False)
+        check_data([routing], str(tmp_path), size="full")
     (tmp_path / "queries.jsonl").write_text("")
     with pytest.raises(FileNotFoundError, match=r": queries_irrelevant.jsonl is missing \(the routing plan"):
-        check_data([routing], str(tmp_path), tiny=False)
-    check_data([routing], str(tmp_path), tiny=True)  # the tiny plan scores no irrelevant prompts
-    check_data([agent], str(tmp_path), tiny=False)  # the agent plan reads tools.jsonl only
+        check_data([routing], str(tmp_path), size="full")
+    check_data([routing], str(tmp_path), size="tiny")  # the tiny plan scores no irrelevant prompts
+    check_data([agent], str(tmp_path), size="full")  # the agent plan reads tools.jsonl only
 
 
 def test_eval_all_without_data_fails_before_running_anything(tmp_path, capsys):

@@ -57,7 +57,7 @@ def replay(cap: Capture, policy: Policy, budget: float, steps: int = 6, block: i
     for li in range(L):
         k, v, q = cap.k[li], cap.v[li], cap.q[li]
         acc = None
-        if policy.needs_history and h2o:
+        if "history" in policy.needs and h2o:
             acc = np.zeros((hkv, n))
             for c0 in range(0, n, 256):  # accumulated attention of every prompt query, in chunks
                 qq = q[:, c0 : c0 + 256]
@@ -66,10 +66,10 @@ def replay(cap: Capture, policy: Policy, budget: float, steps: int = 6, block: i
                 a = np.exp(lg - lg.max(-1, keepdims=True))
                 acc += (a / a.sum(-1, keepdims=True)).sum(1).reshape(hkv, g, n).mean(1)
         obs = Observation(k[:, :n], v[:, :n], pos, q[:, n - window : n], pos[n - window :], acc)
-        scores = policy.score(obs) if policy.evicts else np.ones((hkv, n))
+        scores = policy.score(obs)  # (Hkv, n)
         keep, pi = policy.select(scores, prot, k_blocks, ids, rng)
         kept[li] = keep
-        bias = np.log(1.0 / pi) if policy.randomized else np.zeros_like(pi)
+        bias = np.log(1.0 / pi) if policy.offset else np.zeros_like(pi)  # the Hájek offset
         for t in range(steps):
             qp = n + t
             for h in range(H):
@@ -82,7 +82,7 @@ def replay(cap: Capture, policy: Policy, budget: float, steps: int = 6, block: i
                 b = np.exp(lb - lb.max())
                 ye = b @ v[kh, : qp + 1][sel] / b.sum()
                 errs[li, h, t] = np.linalg.norm(ye - y) / (np.linalg.norm(y) + 1e-12)
-                if h in cert_heads and policy.randomized:
+                if h in cert_heads and policy.offset:
                     p = np.concatenate([pi[kh], np.ones(t + 1)])[sel]
                     unit = np.concatenate([np.where(pi[kh] < 1, ids, -1), np.full(t + 1, -1)])[sel]
                     certs[li, cert_heads.index(h), t] = certify_cell(q[h, qp], k[kh, : qp + 1][sel],

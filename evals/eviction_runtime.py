@@ -126,12 +126,12 @@ def _recall_one(backend, runs, name, cond, budget, recall_frac, rank, seed, wind
     for ti, (ids, kv, items) in enumerate(runs):
         n_keep = EvictionConfig(budget=budget).tokens(len(ids))
         pol = make_policy(name)
-        steps = 6 if pol.randomized else 1  # the certificate's 6 answer steps; it is 0 without sampled keys
+        steps = 6 if pol.offset else 1  # the certificate's 6 answer steps; it is 0 without sampled keys
 
         def session(extra: list[int], tag: str):
             cfg = EvictionConfig(budget=n_keep, seed=seed + ti, window=window)
             spill = tmp / f"{cond}-{name}-{ti}-{tag}.spill"
-            if pol.needs_history:  # H2O accumulates attention over every query: prefill it whole
+            if "history" in pol.needs:  # H2O accumulates attention over every query: prefill it whole
                 s = EvictingSession(backend.new_session(), pol, cfg, spill_path=spill)
                 s.prefill(ids + extra)
             else:  # the same cache and the same last `window` queries as a whole prefill, at a fraction of the cost

@@ -2,8 +2,10 @@
 
 A policy sees one layer at a time through an `Observation` and returns scores (rows, N) with `score()`;
 the base turns scores into a keep mask at block granularity with deterministic top-k. Randomized policies
-(reservoir, certified) override `select()` instead and also return the inclusion probabilities π of what they
-kept, which the cache turns into the Hájek offset log(1/π). Rows are KV heads (offline replay, per-head sets)
+(reservoir, certified) override `select()` and also return the inclusion probabilities π of what they kept.
+A policy states what it reads instead of how the session should behave: `needs` (Observation fields),
+`sinks()` (leading tokens it forces), `capacity()` (tokens it holds at a budget), `slot_draws` (uniforms per
+slot), `offset` (its π are Hájek weights, see `hajek.py`). Rows are KV heads (offline replay, per-head sets)
 or a single aggregated row (the runtime cache, one slot set shared by all layers and heads).
 Shapes: H query heads, Hkv KV heads, N cached keys, W buffered queries, D head dim.
 """
@@ -18,8 +20,8 @@ import numpy as np
 @dataclass
 class Observation:
     """One layer's cache as float32 NumPy: keys/values (Hkv, N, D) post-RoPE, positions (N,), queries (H, W, D)
-    post-RoPE at qpos (W,), h2o (Hkv, N) accumulated attention or None. The runtime cache passes values=None to
-    a policy that does not read them (`Policy.needs_values` False)."""
+    post-RoPE at qpos (W,), h2o (Hkv, N) accumulated attention or None. The runtime cache passes values=None
+    and h2o=None to a policy whose `needs` lacks "values" / "history"."""
 
     keys: np.ndarray
     values: np.ndarray | None
@@ -34,7 +36,7 @@ class Observation:
 
     def attention(self) -> np.ndarray:
         """Causal softmax attention of the buffered queries, (H, W, N), rows sum to 1."""
-        # Per-head 2-D products (a batched matmul was measured 60x slower with multithreaded BLAS on 2 busy cores).
+        # Per-head 2-D products: a batched matmul contends with MLX for BLAS threads.
         g = self.group
         logits = np.stack([self.queries[h] @ self.keys[h // g].T for h in range(self.queries.shape[0])])
         logits /= np.sqrt(self.keys.shape[-1])  # (H, W, N)
@@ -79,17 +81,31 @@ def expand(block_values: np.ndarray, ids: np.ndarray, protected_value) -> np.nda
     return out
 
 
+OBSERVABLE = frozenset({"keys", "queries", "values", "history"})  # what a policy can read from an Observation
+
+
 @dataclass
 class Policy:
-    """Base of all policies. `name` is the registry key; subclasses implement `score` or `select`."""
+    """Base of all policies. `name` is the registry key; subclasses implement `score` or `select`.
+
+    needs: the Observation fields `score` reads beyond positions and shapes (a subset of `OBSERVABLE`). The MLX
+    session always passes keys and queries, converts values only for "values" and accumulates attention of every
+    query for "history" (H2O); a policy that needs nothing runs on llama.cpp too (`positional.py`).
+    offset: the kept keys' π are Hájek weights, so the session adds log(1/π) to their logits (`hajek.py`).
+    slot_draws: uniforms per slot drawn when the slot enters the cache and passed to `select(u=)` (n, R, nb)."""
 
     name = "base"
-    needs_history = False  # True: the cache must accumulate attention of every query (H2O)
-    needs_values = False  # True: score() reads Observation.values (the runtime cache converts them only then)
-    randomized = False  # True: select() returns π < 1 and the cache adds log(1/π) to kept keys
-    evicts = True  # False: the cache never runs this policy (full)
-    sink_block = False  # True: the runtime cache forces the whole first block, not only the sink tokens
-    slot_draws = 0  # > 0: the runtime cache keeps this many uniforms per slot and passes them to select(u=)
+    needs = frozenset({"keys", "queries"})
+    offset = False
+    slot_draws = 0
+
+    def sinks(self, sinks: int, block: int) -> int:
+        """Leading cached tokens this policy always keeps, given the configured `sinks` and `block` size."""
+        return sinks
+
+    def capacity(self, budget: int) -> float:
+        """Most tokens the cache holds under this policy at `budget` tokens (inf: it never evicts)."""
+        return budget
 
     def score(self, obs: Observation) -> np.ndarray:
         """Keep-worthiness of each key, (Hkv, N), higher = keep."""

@@ -62,7 +62,7 @@ def test_recalled_tokens_evicted_again_keep_one_record(mlx_backend, tmp_path):
     s.forward_logits(ids[166:240])  # past budget + block: streaming evicts the old middle, recalled tokens too
     assert set(back.tolist()) - set(s.cache.positions.tolist())
     s.release()
-    assert s._kept == s.cache.length  # what the next eviction counts from: only the tokens that really left
+    assert s.kept == s.cache.length  # what the next eviction counts from: only the tokens that really left
     on_disk = s.spill.positions
     assert len(np.unique(on_disk)) == len(on_disk) and n_spilled < len(on_disk)
     assert not set(s.spill.available().tolist()) & set(s.cache.positions.tolist())

@@ -30,17 +30,17 @@ def _evicted(mlx_backend, trace, tmp_path, policy="certified"):
 
 
 def test_certificate_covers_only_the_answer_steps(mlx_backend, trace, tmp_path):
-    # The certificate is over the first 6 answer steps; steps before begin_answer's first one (the question's
-    # own tokens) used to be certified too, which averaged question tokens into every flag.
+    # The certificate is over the first 6 answer steps only: the question's own tokens before begin_answer's
+    # first step are not certified.
     tr, ids, _, _ = trace
     s = _evicted(mlx_backend, trace, tmp_path)
     q = mlx_backend.tokenizer.encode(tr.facts[2].question)
     first = s.n_past + len(q) - 1
     s.begin_answer(first_step=first)
     s.forward_logits(q + [42, 43, 44, 45, 46, 47, 48])  # 1 + 7 answer steps fed at once
-    assert sorted(s._cert_cells) == list(range(first, first + 6))
+    assert sorted(s.certifier.cells) == list(range(first, first + 6))
     n_cells = s.info.n_layers * len(range(0, s.info.n_heads, 4))
-    assert all(len(v) == n_cells for v in s._cert_cells.values())
+    assert all(len(v) == n_cells for v in s.certifier.cells.values())
     assert s.certificate > 0  # the certified tail is sampled, so the cells are not all zero
 
 
@@ -55,7 +55,7 @@ def test_recall_brings_back_the_asked_fact_and_release_restores(mlx_backend, tra
     assert len(gone) == 5
     for f, needle in gone:
         _answer(s, mlx_backend.tokenizer, f)
-        # no eviction inside the answer: a Poisson keep above the budget used to re-evict on the next forward
+        # no eviction inside the answer, even after a Poisson keep above the budget
         assert len(s.evict_ms) == 1 and s.cache.length == len(pos0)
         assert s.evicted_attention() > 0.5  # an answer head looks hard at something evicted
         back = s.recall(allowance)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nexus_agent.eviction import EvictionConfig, make_policy
+from nexus_agent.eviction import POLICIES, POSITIONAL_POLICIES, EvictionConfig, make_policy
 from nexus_agent.eviction.certificate import certify_cell
 from nexus_agent.eviction.policies.certified import inclusion_probabilities, systematic_sample
-from nexus_agent.eviction.policy import block_ids
+from nexus_agent.eviction.policy import OBSERVABLE, Observation, block_ids, protected_mask
 
 
 @pytest.mark.parametrize("bad", [dict(budget=0.0), dict(budget=1.5), dict(budget=10), dict(block=0), dict(budget="x")])
@@ -99,3 +99,32 @@ def test_certificate_unit_term_is_the_delete_one_change():
         _, y_minus, _ = certify_cell(q, k[rest], v[rest], pi[rest], np.full(rest.sum(), -1))
         np.testing.assert_allclose(contrib[unit == u].sum(), (1 - pi[unit == u][0]) * np.sum((y - y_minus) ** 2),
                                    rtol=1e-9)
+
+
+def _observation(needs, rng, hkv=2, group=3, n=96, w=8, d=16) -> Observation:
+    """A random post-RoPE-like Observation that holds only the fields in `needs` (the rest None or zeros)."""
+    keys = rng.normal(size=(hkv, n, d)).astype(np.float32) if "keys" in needs else np.zeros((hkv, n, d), np.float32)
+    queries = rng.normal(size=(hkv * group, w, d)).astype(np.float32) if "queries" in needs else \
+        np.zeros((hkv * group, w, d), np.float32)
+    return Observation(keys, rng.normal(size=(hkv, n, d)).astype(np.float32) if "values" in needs else None,
+                       np.arange(n), queries, np.arange(n - w, n), rng.random((hkv, n)) if "history" in needs else None)
+
+
+@pytest.mark.parametrize("cls", POLICIES, ids=lambda c: c.name)
+def test_policy_reads_only_what_it_declares(cls):
+    """Every registered policy scores an Observation holding only its `needs`, and selects a keep mask that holds
+    the protected slots with π in (0, 1]; the positional list is exactly the policies that need nothing."""
+    assert cls.needs <= OBSERVABLE and (cls.name in POSITIONAL_POLICIES) == (not cls.needs)
+    rng = np.random.default_rng(0)
+    pol, obs = cls(), _observation(cls.needs, rng)
+    scores = pol.score(obs)
+    assert scores.shape == (2, 96) and np.isfinite(scores).all()
+    sinks = pol.sinks(4, 8)
+    prot = protected_mask(obs.positions, 96, sinks, 16)
+    ids = block_ids(obs.positions, prot, 8, offset=sinks)
+    kw = {"u": rng.random((pol.slot_draws, 2, int(ids.max()) + 1))} if pol.slot_draws else {}
+    keep, pi = pol.select(scores, prot, 4, ids, rng, **kw)
+    assert keep.shape == pi.shape == (2, 96) and keep[:, prot].all()
+    assert (pi > 0).all() and (pi <= 1).all()
+    if pol.capacity(64) < np.inf:
+        assert pi.max() == 1.0 and keep.sum(1).max() <= prot.sum() + (4 + 1) * 8  # K blocks (+1: systematic)

@@ -16,7 +16,7 @@ class CapKVPolicy(Policy):
     A = I + Σ w_i v_i v_iᵀ; s_i = w_i v_iᵀ A⁻¹ v_i (leverage of v_i). Returns (Hkv, N). O(N D² + D³)."""
 
     name = "capkv"
-    needs_values = True
+    needs = frozenset({"keys", "queries", "values"})
     tau: float = 5.0
 
     def __post_init__(self):

@@ -47,13 +47,12 @@ class CertifiedPolicy(Policy):
     """score(): mean attention of the buffered window, averaged over the group's query heads, (Hkv, N).
     select(): per row, π over tail blocks from `inclusion_probabilities` with Σπ = K (π = 1: the certainty
     layer), then keep blocks with those π. Returns keep (R, N) and π (R, N); the cache multiplies π across
-    evictions and adds log(1/π) to kept keys when `offset` is on.
+    evictions and adds log(1/π) to kept keys when `offset` is on (`hajek.py`; mode="topk" returns π = 1: no offset).
 
     mode="systematic" (default): one systematic πps draw over the blocks in cache (position) order. It keeps
     exactly K blocks where independent keeps vary by ±√K, and spreads them over the trace (one per unit of
-    running π), which stratifies by position. Block-level replay, 4 traces x 3 seeds, median relative error
-    vs "poisson": 0.122 vs 0.150 at 12.5 %, 0.061 vs 0.072 at 25 %, 0.022 vs 0.026 at 50 % (top-k 0.138 /
-    0.070 / 0.029). mode="poisson": each block kept independently (DESIGN §7's literal design).
+    running π), which stratifies by position (its error against "poisson" and "topk": `evals/eviction.py`).
+    mode="poisson": each block kept independently (DESIGN §7's literal design).
     Ablations: mode="topk" keeps the top-K blocks of the same scores; offset=False drops the Hájek offset."""
 
     name = "certified"
@@ -64,10 +63,6 @@ class CertifiedPolicy(Policy):
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-
-    @property
-    def randomized(self) -> bool:  # type: ignore[override]
-        return self.mode != "topk" and self.offset
 
     def score(self, obs: Observation) -> np.ndarray:
         return obs.head_mean(obs.attention().mean(1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,8 +12,14 @@ from nexus_agent.eviction.policy import Policy
 
 @dataclass
 class FullPolicy(Policy):
+    """Keeps every token: its `capacity` is unbounded, so the session never evicts; reads nothing, so it also
+    runs on llama.cpp."""
+
     name = "full"
-    evicts = False
+    needs = frozenset()
+
+    def capacity(self, budget: int) -> float:
+        return math.inf
 
     def select(self, scores, protected, k_blocks, ids, rng):
         """Keep every slot: keep (R, N) all True, π = 1."""

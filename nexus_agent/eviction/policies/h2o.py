@@ -15,7 +15,7 @@ class H2OPolicy(Policy):
     query heads, (Hkv, N). Falls back to the buffered window when no history was accumulated."""
 
     name = "h2o"
-    needs_history = True
+    needs = frozenset({"keys", "queries", "history"})
 
     def score(self, obs: Observation) -> np.ndarray:
         if obs.h2o is not None:

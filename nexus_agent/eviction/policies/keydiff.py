@@ -14,6 +14,7 @@ class KeyDiffPolicy(Policy):
     """Score = 1 − cos(k_i, mean of normalized keys) per KV head, (Hkv, N), in [0, 2]. Query-free."""
 
     name = "keydiff"
+    needs = frozenset({"keys"})
 
     def score(self, obs: Observation) -> np.ndarray:
         k = obs.keys.astype(np.float64)

@@ -15,6 +15,7 @@ class KnormPolicy(Policy):
     """Score = max‖k‖ − ‖k_i‖ per KV head, (Hkv, N): low-norm keys tend to draw attention. Query-free."""
 
     name = "knorm"
+    needs = frozenset({"keys"})
 
     def score(self, obs: Observation) -> np.ndarray:
         norms = np.linalg.norm(obs.keys, axis=-1).astype(np.float64)  # (Hkv, N)

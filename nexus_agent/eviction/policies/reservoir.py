@@ -18,7 +18,7 @@ class ReservoirPolicy(Policy):
     token rows and the base sums tokens into blocks (the paper walks block rows; same ordering up to γ scale).
     select(): w_j = s_j + ε j/(nb−1); log π_j = logsumexp_i(log u_j⁽ⁱ⁾ / w_j) − log n over n uniforms; keep the
     top-K blocks by log π. n=None is n→∞ (deterministic top-K by w); n=1 is Efraimidis–Spirakis sampling.
-    The forced set is the first block plus the recent window (`sink_block`; DESIGN §7).
+    The forced set is the first block plus the recent window (`sinks`; DESIGN §7).
 
     persistent=True (the runtime cache): a block's n uniforms are drawn once, when its tokens enter the cache,
     and reused at every later eviction with that eviction's weights, as in a classical A-Res reservoir whose
@@ -30,18 +30,19 @@ class ReservoirPolicy(Policy):
     (the independent draws of the paper's Lemma 4.1): survival then decays geometrically, like a soft recency
     window (needle survival, budget 192: see evals/eviction.py)."""
 
-    name = "reservoir"
-    randomized = False  # kept blocks carry no offset: the reservoir keys are a sample, not an estimator
+    name = "reservoir"  # offset stays False: the reservoir keys are a sample, not an estimator
     n: int | None = 5
     lam: float = 0.5
     walk_rows: int = 3
     eps: float = 1e-6
     persistent: bool = True
-    sink_block = True
 
     @property
     def slot_draws(self) -> int:  # type: ignore[override]
         return self.n if self.persistent and self.n is not None else 0
+
+    def sinks(self, sinks: int, block: int) -> int:
+        return max(sinks, block)
 
     def __post_init__(self):
         if self.n is not None and self.n < 1:

@@ -12,10 +12,10 @@ from nexus_agent.eviction.policy import Observation, Policy
 @dataclass
 class StreamingPolicy(Policy):
     """Score = position, so top-k keeps the newest blocks; the sinks are protected by the base. Positional:
-    needs no queries, so it also runs on llama.cpp."""
+    reads neither keys nor queries (`needs` is empty), so it also runs on llama.cpp."""
 
     name = "streaming"
-    positional = True
+    needs = frozenset()
 
     def score(self, obs: Observation) -> np.ndarray:
         return np.broadcast_to(obs.positions.astype(np.float64) + 1.0, obs.keys.shape[:2]).copy()  # (Hkv, N)

@@ -1,10 +1,10 @@
 """Point MLX's CPU backend at an optimized BLAS on Linux.
 
-MLX's Linux CPU wheel links a bundled *reference* BLAS: a 512x576x1536 fp32 matmul takes ~0.15-0.5 s with it
-and ~0.005 s with OpenBLAS. libmlx leaves `cblas_sgemm` & co. as undefined dynamic symbols, so loading
-OpenBLAS with RTLD_GLOBAL *before* the first `import mlx` makes the dynamic linker bind them to OpenBLAS
-(the global scope is searched before a library's own dependencies). `make` installs Debian's
-libopenblas0-pthread; without it MLX still works, only slower, and `nexus doctor` says so.
+MLX's Linux CPU wheel links a bundled *reference* (unoptimized) BLAS (timings in README). libmlx leaves
+`cblas_sgemm` & co. as undefined dynamic symbols, so loading OpenBLAS with RTLD_GLOBAL *before* the first
+`import mlx` makes the dynamic linker bind them to OpenBLAS (the global scope is searched before a library's
+own dependencies). `make` installs Debian's libopenblas0-pthread; without it MLX still works, only slower, and
+`nexus doctor` says so.
 """
 
 from __future__ import annotations

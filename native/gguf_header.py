@@ -1,7 +1,7 @@
 """A small, fast reader of GGUF metadata (the key/value header and the tensor directory).
 
-The `gguf` package parses every string as its own array part (~2 s for SmolLM2's 100k tokens and merges);
-reading the header directly takes ~50 ms. Format (little-endian): magic "GGUF", u32 version, u64 tensor
+The `gguf` package parses every string as its own array part, slow for a vocabulary of tens of thousands of
+tokens and merges; this reads the header directly. Format (little-endian): magic "GGUF", u32 version, u64 tensor
 count, u64 key/value count, the key/values, then per tensor: name, u32 n_dims, u64 dims, u32 type, u64
 offset; tensor data starts at the next multiple of `general.alignment` (default 32).
 """

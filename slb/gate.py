@@ -41,9 +41,9 @@ class GateConfig:
 
     @classmethod
     def from_calibration(cls, cal: dict) -> "GateConfig":
-        """The gate stored by `slb calibrate` (defaults for missing keys). Calibrations written before the
-        lexical term hold only rerank_weight w (order: logit + w * cosine): read as ce_weight = 1/w, no lexical
-        term (the same order; w = 0, logits only, becomes a large ce_weight)."""
+        """The gate stored by `slb calibrate` (defaults for missing keys). A calibration holding only
+        `rerank_weight` w (order: logit + w * cosine, no lexical term) is read as ce_weight = 1/w and lex_weight 0,
+        the same order (w = 0, logits only, becomes a large ce_weight)."""
         kw = {k: cal[k] for k in ("tau", "floor", "k", "lex_weight", "ce_weight") if cal.get(k) is not None}
         if "rerank_weight" in cal and "lex_weight" not in cal and "ce_weight" not in cal:
             w = float(cal["rerank_weight"])

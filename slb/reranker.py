@@ -46,7 +46,7 @@ class RerankerTrainConfig:
     batch_size: int = 2
     max_steps: int = 400
     lr: float = 5e-5
-    max_length: int = 192  # query + tool text tokens; 96 cut the schema text's parameters (CE then added nothing)
+    max_length: int = 192  # query + tool text tokens; shorter cuts off the schema text's parameters
     listwise: float = 1.0
     pointwise: float = 0.1
     labelled_repeats: int = 1

@@ -45,7 +45,7 @@ def _quantize_into(q, q16):
     return scale
 
 
-_BLOCK = 512  # rows per dot-product block: 128 int32 accumulators stay in L1 between the two phases
+_BLOCK = 512  # rows per dot-product block: its 512 int32 accumulators (2 KiB) stay in L1 between the two phases
 
 
 @njit(cache=True, nogil=True, fastmath=True, boundscheck=False)

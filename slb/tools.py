@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-# name -> what the recipe embeds; measured by `nexus eval routing --recipe ...` (tool_text has the numbers).
+# what `tool_text` embeds for a tool (see its docstring); compare them with `nexus eval routing --recipe ...`.
 TEXT_RECIPES = ("name_desc", "name_desc_params", "schema")
 DEFAULT_RECIPE = "schema"
 
@@ -67,12 +67,9 @@ def tool_text(tool: ToolEntry, recipe: str = DEFAULT_RECIPE) -> str:
 
     name_desc: "<name words>: <description>".
     name_desc_params: the same plus "Parameters: <param words>, ..." (names split into words; at most 12).
-    schema: name and description plus every top-level parameter (required first) with its description and enum
-    values: "... Parameters: unit (the unit of the result) one of celsius, fahrenheit; city (...)."
-    Measured on the public routing queries (float32 embedding top-1, `nexus eval routing`, seed 0): at 250
-    tools 86.6 % for schema against 82.6 % for name_desc_params and 78.8 % for name_desc (84.0 % for schema
-    without the enum values); at 10 tools 97.6 / 96.9 / 96.4 %. The words that split near-synonym tools sit in
-    the parameters' descriptions and enums.
+    schema (default): name and description plus every top-level parameter (required first) with its description
+    and enum values, where the words that tell near-synonym tools apart sit:
+    "... Parameters: unit (the unit of the result) one of celsius, fahrenheit; city (...)."
     """
     if recipe not in TEXT_RECIPES:
         raise ValueError(f"unknown tool text recipe {recipe!r}; choose one of {TEXT_RECIPES}")
@@ -108,11 +105,8 @@ def _param_text(name: str, prop: Any) -> str:
 
 def lexical_text(tool: ToolEntry, max_enum: int = 20) -> str:
     """The text BM25 matches a query against (slb.lexical): name words, description, and every schema
-    property's name, description and enum values (nested objects and array items too, 4 levels deep).
-
-    Wider than the embedded `schema` text: nested properties and array items too. On the public queries at 250
-    tools (`nexus eval routing`, weights cross-fitted by gold-tool fold) BM25 over this text added 0.9 points to
-    the schema embedding (87.5 % against 86.6 %); over the names-only recipe it had added 2.6."""
+    property's name, description and enum values (nested objects and array items too, 4 levels deep): wider
+    than the embedded `schema` text, which keeps top-level parameters only."""
     out = [_split_identifier(tool.name), tool.description or ""]
 
     def walk(schema: Any, depth: int) -> None:

@@ -24,7 +24,7 @@ from slb.scan import _BLOCK, _dot_block, _quantize_into, _topk_insert
 
 COARSE_DIM = 64  # lead-block width: 64 of 384 int8 coordinates = 1/6 of the bytes read in stage 1
 SHORTLIST = 256  # rows rescored exactly in stage 2
-TWO_STAGE_MIN_ROWS = 16_384  # below this the single-pass kernel is as fast or faster (`nexus eval scan`: ~116 vs ~134 us at 10k)
+TWO_STAGE_MIN_ROWS = 16_384  # fewer rows: the single-pass kernel, as fast or faster there (`nexus eval scan`)
 
 
 def fit_rotation(x: np.ndarray) -> np.ndarray:

@@ -1,23 +1,13 @@
-"""`nexus splice calibrate`: measure repair fidelity per depth on a calibration set, write the profile.
+"""`nexus splice calibrate`: measure repair plans per depth on calibration tools and write the splice profile.
 
-Candidates are head repairs (from `heads`), the same heads with the block's last `tails` tokens decoded as text
-too, and, on backends with `can_recompute_kv`, CacheBlend repairs (head h + `blend_pcts` % of the spliced tokens
-recomputed by K/V deviation), tried cheapest first by estimated cost in token-forward equivalents. A candidate
-passes at a depth when its mean KL over the calibration tools is within `kl_margin` x max(target_kl, 3 x the
-backend's text noise floor) (headroom for tools not calibrated on), its top-1 agreement is within 0.02 of the
-floor's, and it is faster than the text prefill it replaces (the timing gate). The floor is the segment prefilled
-again in one-token batches (`CaseRunner.text_in_batches`); the timing gate and every speedup use the segment's
-prefill in one batch. Of the passing candidates whose TTFT speedup over text reaches the depth's floor
-(`floor_at`), the cheapest one whose KL is down at the text floor's becomes the curve entry (expected to flip
-near-ties about as often as the backend's own batch split); when none is, the one with the lowest KL: speed beyond
-that floor is spent on fidelity, since a lower KL is what keeps near-tie top-1 flips rare. When none reaches the
-speed floor, the cheapest passing candidate is taken. That pick is for the calibration tools' mean block
-length; the profile keeps every passing plan with its relative TTFT, and `SpliceProfile.plan_for` redoes the pick
-for each block's own length (a fixed head is a larger share of a shorter block). Top-1 is counted on the decisive
-positions (the reference's top-1 leads by >= `decisive_margin` logits; 0 counts all): with a few dozen calibration
-positions, one flip at a near-tie (measured: every flip of a repaired splice on llama.cpp, depths 64-2048, had a
-lead < 0.5) would otherwise decide the curve by chance. The first depth where none passes ends the profile:
-from there on the splicer prefills text (fail closed).
+Each depth sweeps `candidates` cheapest first: head repairs, heads plus a `tails`-token text tail, and CacheBlend
+recompute on `can_recompute_kv` backends. A plan passes when its mean KL (nats) <= `kl_margin` x max(`target_kl`,
+3 x the text noise floor), its top-1 on decisive positions (reference lead >= `decisive_margin` logits) >= the
+floor's - `top1_slack`, and its TTFT beats the one-batch text prefill. The noise floor is the same segment
+prefilled in one-token batches (`CaseRunner.text_in_batches`). Every passing plan is kept per depth and
+`profile.fit_length` picks one per block length against the speed floor (`floor_at`). The first depth with no
+passing plan ends the profile: deeper splices prefill text (fail closed).
+References: CacheBlend (selective KV recompute), EPIC (recompute the first tokens of each chunk).
 """
 
 from __future__ import annotations
@@ -67,19 +57,17 @@ class CalibrationConfig:
                              f"{self.blend_pcts} / {self.blend_heads}")
 
     def floor_at(self, depth: int) -> float:
-        """The speed floor at `depth`: `min_speedup` up to 256 tokens, `min_speedup_deep` beyond; 0 everywhere when
-        min_speedup is 0 (take the cheapest passing plan).
+        """The TTFT speedup floor at `depth`: `min_speedup` up to 256 tokens, `min_speedup_deep` beyond; 0 everywhere
+        when min_speedup is 0 (take the cheapest passing plan).
 
-        A step, not a ramp: the speed targets bind at depth <= 256 and at 2048, the fidelity bars at every depth.
-        A ramp from 1.9x to 1.45x held depth 512 to ~1.84x, which on llama.cpp left only head 64 + tail 4 (KL ~1.6x
-        the text floor's; 5 near-tie flips of 192 on 24 held-out tools against the floor's 2); head 96 + tail 4
-        (~1.7x) flipped 3."""
+        A step, not a ramp: the speed targets bind at depth <= 256 and at 2048, the fidelity bars at every depth, so
+        between them speed above the deep floor is spent on fidelity."""
         if not self.min_speedup:
             return 0.0
         return self.min_speedup if depth <= 256 else self.min_speedup_deep
 
 
-CALL_COST = 8  # token-forward equivalents of one more forward call (measured: a 4-token tail ~ 10-20 head tokens)
+CALL_COST = 8  # token-forward equivalents charged for the extra forward call a tail repair makes
 
 
 def candidates(config: CalibrationConfig, n_tokens: int, n_layers: int, can_blend: bool) -> list[tuple[str, RepairPlan, list[int]]]:
@@ -166,7 +154,7 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
             row = {"text": text}
             _sweep(config, depth, text, row, refs, runners, blocks, cands, bar_kl, bar_top1)
             # every speedup divides by the text time: time it again after the sweep and keep the faster mean, so
-            # one slow pass (measured: MLX depth 64, 1,225 then 1,090 ms) does not make every plan look faster
+            # one slow pass does not make every plan look faster
             again = _measure(refs, runners, None, RepairPlan("text"), config.decisive_margin)["ttft_ms"]
             text["ttft_ms_runs"] = [text["ttft_ms"], again]
             text["ttft_ms"] = min(text["ttft_ms"], again)

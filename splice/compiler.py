@@ -7,6 +7,7 @@ segment is compiled right after them (anchor m0 = preamble length + c), so each 
 attention sink, the system text (DESIGN section 6) and, for c > 0, a conversation like the one it is spliced
 into at depth (the splicer picks the context per depth: `splice.prompt.context_for`).
 Incremental through the registry's staleness API (artefact kind `kv_block:<backend>`) and the block headers.
+Reference: Prompt Cache (precomputed attention states of prompt modules, reused at other positions).
 """
 
 from __future__ import annotations

@@ -121,10 +121,9 @@ class CaseRunner:
         """Logits (8, vocab) after the segment is prefilled again in batches of `size` tokens (1: the decode path).
 
         The backend's own noise floor: the same text computed in other batch shapes than the reference's. On
-        llama.cpp CPU a one-token batch runs other kernels than a prefill batch (measured on 4 tools: KL
-        0.002-0.003 and top-1 0.97-1.0 against the one-shot prefill), while the segment in one batch is
-        bit-exact; MLX's float32 path is batch-invariant to ~1e-11 nats. No TTFT: the speed baseline is the
-        segment in one batch (`run` with a text plan), the fastest way to prefill it.
+        llama.cpp CPU a one-token batch runs the decode kernels, not the prefill ones, so it differs from the
+        one-shot prefill while the segment in one batch is bit-exact; MLX's float32 path is batch-invariant. No
+        TTFT: the speed baseline is the segment in one batch (`run` with a text plan), the fastest way to prefill it.
         """
         c = self.case
         for s in range(0, len(c.segment), size):

@@ -24,7 +24,7 @@ class RepairPlan:
     those), blend (head `n`, then recompute in place the share `frac` of the spliced tokens whose layer-1 K/V
     deviate most from a fresh pass in context, CacheBlend-style; needs `capabilities.can_recompute_kv`, else it
     runs as head `n`), text (prefill all of it).
-    `rotate=False` skips the RoPE re-anchor (the measured "bare" baseline; MLX only)."""
+    `rotate=False` skips the RoPE re-anchor (the eval's "bare" baseline; MLX only)."""
 
     mode: str = "head"
     n: int = 16
@@ -91,8 +91,7 @@ class SpliceProfile:
 
         The curve entry is the pick for the calibration tools' mean block length. With `options`, the pick is
         redone for this block's length: a fixed head costs a larger share of a shorter block, so the plan whose
-        calibrated speedup cleared the floor may not clear it here (measured, llama.cpp depth 256: head 96
-        gave 1.91x on 222-token calibration blocks, 1.69x on 198-token eval blocks).
+        calibrated speedup cleared the floor may not clear it here.
         """
         if depth > self.max_depth:
             return RepairPlan("text", n_tokens)
@@ -134,7 +133,7 @@ def fit_length(option: dict, n_tokens: int) -> tuple[int, int, int]:
     KL; when none reaches the floor, the cheapest plan that passed.
 
     `option`: {"min_speedup": the floor at this depth (0: the cheapest plan), "text_kl": KL of the text noise
-    floor at calibration (absent in older profiles: 0, only an exact plan is that quiet), "n_tokens": calibration's
+    floor at calibration (0 when absent: only an exact plan is that quiet), "n_tokens": calibration's
     mean block length, "block_share": share of the text prefill's time that grows with block length, "plans":
     [[head, pct, tail, kl, rel_time], ...] cheapest first, rel_time = plan TTFT / text TTFT at calibration}. Text
     time scales by 1 + share * (n / n_cal - 1); a head or tail plan decodes the same tokens at any length, a

@@ -51,11 +51,9 @@ def user_turn_tokens(tokenizer, text: str) -> list[int]:
     return full[len(head) :]
 
 
-# A block spliced deep into a conversation is closer to the text prefill when it was compiled after *some*
-# conversation than right after the system prompt: its hidden states then saw an attention pattern like the one
-# at depth. Measured on 8 tools at depth 256 (head-64 repair), MLX KL 0.0018 -> 0.0007, llama.cpp re-anchored
-# 0.0152 -> 0.0094; at depth 0 the same block is worse (llama.cpp head-64 KL 0.0050, exact with context 0).
-# So every tool gets one block per context, and a splice uses the largest context not beyond its depth.
+# Generic conversation tokens a block is compiled after, one block per context. A block compiled after some
+# conversation saw an attention pattern like the one deep in a real conversation, so it is closer to text
+# prefill there and worse at depth 0: a splice uses the largest context not beyond its depth (`context_for`).
 CONTEXTS = (0, 256)
 _CONTEXT_TURNS = (
     "I am planning a trip and need to compare a few options before Friday.",

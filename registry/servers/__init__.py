@@ -1,6 +1,6 @@
 """Bundled MCP stdio servers, each runnable as `python -m registry.servers.<name>`.
 
-BUNDLED maps a server name to its module; it drives `nexus servers list --bundled` and the test matrix.
+BUNDLED maps a server name to its module; it drives `nexus register --bundled NAME` and the test matrix.
 """
 
 BUNDLED = {

@@ -26,8 +26,8 @@ def answer(tool_name: str):
 def load_handlers(path: Path, limit: int | None = None) -> list[Handler]:
     """Handlers for the catalogue's tools. Names are checked here (bad ones are reported on stderr and
     skipped); the full meta-schema check is left to the registering client, which does it anyway, so that a
-    2,000-tool catalogue starts in well under a second. Call arguments are still validated against each
-    tool's schema by the runtime."""
+    catalogue of thousands of tools starts fast. Call arguments are still validated against each tool's
+    schema by the runtime."""
     from registry.sources import load_tool_file
 
     handlers = []

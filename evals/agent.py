@@ -21,12 +21,14 @@ import statistics
 import time
 from pathlib import Path
 
+from native.registry import list_backends
+
 CATALOG = Path(__file__).resolve().parents[2] / "shared" / "data" / "routing" / "tools.jsonl"
 N_CTX = 8192
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["llamacpp", "mlx"], default="llamacpp")
+    p.add_argument("--backend", choices=list_backends(text_only=False), default="llamacpp")
     p.add_argument("--sizes", default="10,250")
     p.add_argument("--tasks", type=int, default=120, help="tasks per size (default 120)")
     p.add_argument("--baseline-tasks", type=int, default=6, help="tasks per size also run on the baseline")

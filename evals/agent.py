@@ -22,12 +22,13 @@ import time
 from pathlib import Path
 
 from evals.render import Figure, md_table, pct, pyplot
+from native.registry import list_backends
 
 N_CTX = 8192
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["llamacpp", "mlx"], default="llamacpp")
+    p.add_argument("--backend", choices=list_backends(text_only=False), default="llamacpp")
     p.add_argument("--sizes", default="10,250")
     p.add_argument("--tasks", type=int, default=120, help="tasks per size (default 120)")
     p.add_argument("--baseline-tasks", type=int, default=6, help="tasks per size also run on the baseline")

@@ -1,4 +1,5 @@
-"""Model backends behind one small interface: MLX (our own llama-family module) and llama.cpp.
+"""Model backends behind one small interface (`native.base`), listed with their capabilities in
+`native.registry.BACKENDS`: MLX (our own llama-family module), llama.cpp, and any OpenAI-compatible server.
 
 Importing this package first makes MLX use OpenBLAS on Linux (see `native.blas`).
 """
@@ -12,20 +13,26 @@ from native.base import (  # noqa: E402
     BackendError,
     Capabilities,
     KVRange,
+    KVSession,
     ModelError,
     ModelInfo,
     Session,
+    TextBackend,
 )
-from native.registry import BACKENDS, load_backend  # noqa: E402
+from native.registry import BACKENDS, BackendSpec, list_backends, load_backend  # noqa: E402
 
 __all__ = [
     "BACKENDS",
     "Backend",
     "BackendError",
+    "BackendSpec",
     "Capabilities",
     "KVRange",
+    "KVSession",
     "ModelError",
     "ModelInfo",
     "Session",
+    "TextBackend",
+    "list_backends",
     "load_backend",
 ]

@@ -1,13 +1,15 @@
-"""`nexus generate`: a streamed chat answer from either backend."""
+"""`nexus generate`: a streamed chat answer from any backend in `native.registry.BACKENDS`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from native.registry import list_backends
+
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["mlx", "llamacpp", "openai"], default="llamacpp",
+    p.add_argument("--backend", choices=list_backends(), default="llamacpp",
                    help="model backend (default: llamacpp; openai: an OpenAI-compatible server, see --base-url)")
     p.add_argument("--model", default=None, help="GGUF file or MLX/HF model directory (default: packaged SmolLM2-135M); "
                    "with --backend openai, the served model name (default: $NEXUS_OPENAI_MODEL or the server's first)")
@@ -25,7 +27,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("prompt")
     g.set_defaults(func=_generate)
-
 
 
 def backend_options(args) -> dict:

@@ -92,9 +92,10 @@ def stream_generate(
 ) -> Iterator[GenerationResponse]:
     """Stream a completion. `prompt`: chat messages (rendered with the model's template), raw text, or token ids.
 
-    A text-only backend (`capabilities.text_only`, an HTTP server) streams through its own `stream_text`.
+    A text-only backend (`capabilities.text_only`, an HTTP server) streams through its `TextBackend.stream_text`;
+    `session` applies to local backends only.
     """
-    if getattr(backend.capabilities, "text_only", False):
+    if backend.capabilities.text_only:
         yield from backend.stream_text(prompt, max_tokens, sampler)
         return
     tok = backend.tokenizer

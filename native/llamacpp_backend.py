@@ -6,6 +6,7 @@ re-anchor), `llama_memory_seq_cp` shares cells between sequences, and `llama_sta
 serialize one sequence's KV. Sequence 0 is the live sequence; sequence 1 is a scratch slot for imports
 (`set_data` clears its destination, and cells must be shifted *before* they are shared with the live
 sequence; DESIGN section 6). No attention weights or key biases are reachable here: eviction is positional.
+Capabilities: see this backend's entry in `native.registry.BACKENDS`.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import llama_cpp
 import llama_cpp._logger
 from llama_cpp import llama_cpp as C
 
-from native.base import BackendError, Capabilities, KVRange, ModelError, ModelInfo, as_token_list
+from native.base import BackendError, KVRange, KVSession, ModelError, ModelInfo, as_token_list
 from native.gguf_header import read_gguf_header
 from native.model_files import check_architecture, fingerprint, resolve_model
+from native.registry import BACKENDS, list_backends
 from native.tokenizer import tokenizer_from_gguf
 
 llama_cpp._logger.set_verbose(False)  # llama.cpp logs every load step to stderr otherwise
@@ -41,10 +43,10 @@ def default_threads() -> tuple[int, int]:
 
 
 class LlamaCppBackend:
+    """A GGUF model in llama.cpp; thread counts default to `default_threads()`."""
+
     name = "llamacpp"
-    # no can_recompute_kv: a batch must start at the last position + 1, so cached cells cannot be rewritten in place
-    capabilities = Capabilities(can_splice=True, can_bias_keys=False, can_score_attention=False, can_remove_positions=True,
-                                can_recompute_kv=False)
+    capabilities = BACKENDS["llamacpp"].capabilities
 
     def __init__(self, model: str | None = None, n_threads: int | None = None, n_threads_batch: int | None = None):
         global _backend_ready
@@ -95,8 +97,11 @@ class LlamaCppBackend:
         self.close()
 
 
-class LlamaCppSession:
-    """One live sequence in its own llama.cpp context (unified KV, 2 sequences: live + scratch)."""
+class LlamaCppSession(KVSession):
+    """One live sequence in its own llama.cpp context (unified KV, 2 sequences: live + scratch).
+
+    `recompute_kv` is the protocol's default (recomputes nothing): cached cells cannot be rewritten in place.
+    """
 
     def __init__(self, backend: LlamaCppBackend, n_ctx: int, n_batch: int = 512):
         self.backend, self.info, self.n_ctx, self.n_batch = backend, backend.info, n_ctx, n_batch
@@ -193,12 +198,17 @@ class LlamaCppSession:
     def _layout(self) -> dict:
         return {"backend": "llamacpp", "fingerprint": self.info.fingerprint, "flash_attn": False, "kv_unified": True}
 
-    def import_kv(self, kv: KVRange, span: tuple[int, int] | None = None) -> None:
+    def import_kv(self, kv: KVRange, span: tuple[int, int] | None = None, rotate: bool = True) -> None:
         """Load a state blob into the scratch sequence, shift it to `n_past`, then share it with the live one.
 
         `span` = (a, b) imports only the entries kv[a:b] (indices into the range, not positions); entry a lands
         at `n_past`. Used by splice repair (a re-decoded head or suffix is decoded as text instead).
+        `rotate=False` raises BackendError: llama.cpp re-rotates the keys of every shifted cell.
         """
+        if not rotate:
+            raise BackendError("llama.cpp cannot import a KV range without re-anchoring it (no can_skip_reanchor): "
+                               "shifting cells re-rotates their keys; measure a bare splice on "
+                               f"{' or '.join(list_backends(can_skip_reanchor=True))}")
         if kv.blob is None:
             raise BackendError("this KV range has no llama.cpp state (was it exported by another backend?)")
         if kv.meta and kv.meta != self._layout():

@@ -11,20 +11,23 @@ import numpy as np
 import native  # noqa: F401  (OpenBLAS before MLX on Linux)
 import mlx.core as mx
 
-from native.base import BackendError, Capabilities, KVRange, ModelInfo, as_token_list
+from native.base import BackendError, KVRange, KVSession, ModelInfo, as_token_list
 from native.mlx_cache import KVCache
 from native.mlx_recompute import recompute_slots, select_deviating
 from native.mlx_weights import load_model
 from native.model_files import resolve_model
+from native.registry import BACKENDS
 from native.tokenizer import tokenizer_from_dir, tokenizer_from_gguf
 
 PREFILL_CHUNK = 512  # tokens per forward pass while prefilling: bounds the (T, S) attention scores
 
 
 class MLXBackend:
+    """A llama-family model in MLX from a GGUF file or an MLX/HF directory. `quantized`: keep quantized GGUF
+    weights quantized (default: only on Metal; on a CPU they are dequantized to float32 at load)."""
+
     name = "mlx"
-    capabilities = Capabilities(can_splice=True, can_bias_keys=True, can_score_attention=True, can_remove_positions=True,
-                                can_recompute_kv=True)
+    capabilities = BACKENDS["mlx"].capabilities
 
     def __init__(self, model: str | None = None, quantized: bool | None = None):
         src = resolve_model(model)
@@ -38,7 +41,7 @@ class MLXBackend:
         self.model = None
 
 
-class MLXSession:
+class MLXSession(KVSession):
     """One sequence. `n_past` is the next logical position; the cache may hold fewer entries (eviction)."""
 
     def __init__(self, backend: MLXBackend, n_ctx: int):
@@ -99,10 +102,12 @@ class MLXSession:
             a, b = span
             if not 0 <= a < b <= len(kv):
                 raise BackendError(f"span {span} is outside this KV range of {len(kv)} entries")
-            kv = KVRange(positions=kv.positions[a:b], tokens=kv.tokens[a:b], keys=kv.keys[:, :, a:b], values=kv.values[:, :, a:b])
+            kv = KVRange(positions=kv.positions[a:b], tokens=kv.tokens[a:b], keys=kv.keys[:, :, a:b],
+                         values=kv.values[:, :, a:b])
         i = self.info
         if kv.keys.shape[:2] != (i.n_layers, i.n_kv_heads) or kv.keys.shape[3] != i.head_dim:
-            raise BackendError(f"KV range layout {kv.keys.shape} does not match the model ({i.n_layers}, {i.n_kv_heads}, T, {i.head_dim})")
+            raise BackendError(f"KV range layout {kv.keys.shape} does not match the model "
+                               f"({i.n_layers}, {i.n_kv_heads}, T, {i.head_dim})")
         n = len(kv)
         if self.n_past + n > self.n_ctx:
             raise BackendError(f"context full: {self.n_past} + {n} tokens > n_ctx={self.n_ctx}")

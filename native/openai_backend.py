@@ -2,15 +2,15 @@
 
 Routing, the registry and signatures stay local; only text generation moves to the server. The server owns its
 KV cache, so this backend is *text only*: `capabilities.text_only` is True, every KV capability is False, and
-`new_session()` raises `BackendError` (callers ask the flag and use `chat` / `complete` instead of
-prefill/decode). Chat messages go to `/v1/chat/completions`, raw text to `/v1/completions`, streamed as
-server-sent events. Arguments under a JSON Schema use the server's `response_format` (llama.cpp's
-`{"type": "json_object", "schema": ...}`, or OpenAI's `json_schema` form); the caller still validates them.
+`new_session()` raises `BackendError`: callers ask the flag and generate through `stream_text` (the
+`native.base.TextBackend` protocol) or `chat` / `complete` instead of prefill/decode. Chat messages go to
+`/v1/chat/completions`, raw text to `/v1/completions`, streamed as server-sent events. Arguments under a JSON
+Schema use the server's `response_format` (llama.cpp's `{"type": "json_object", "schema": ...}`, or OpenAI's
+`json_schema` form); the caller still validates them.
 
 Standard library only (`urllib`). Configuration, first match wins: keyword options, then the environment
-(`NEXUS_OPENAI_BASE_URL`, `NEXUS_OPENAI_MODEL`, `NEXUS_OPENAI_API_KEY`,
-`NEXUS_OPENAI_SCHEMA_FORMAT`); without a model name the server's
-first `/v1/models` entry is used.
+(`NEXUS_OPENAI_BASE_URL`, `NEXUS_OPENAI_MODEL`, `NEXUS_OPENAI_API_KEY`, `NEXUS_OPENAI_SCHEMA_FORMAT`); without a
+model name the server's first `/v1/models` entry is used.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Iterator
 
-from native.base import BackendError, Capabilities, ModelInfo
+from native.base import BackendError, ModelInfo
 from native.generate import GenerationResponse, SamplerConfig
+from native.registry import BACKENDS, list_backends
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 SCHEMA_FORMATS = ("json_object", "json_schema", "none")
@@ -80,7 +81,7 @@ class OpenAIBackend:
     """A model served over HTTP. `model` is the served model's name (not a path); options: see OpenAIConfig."""
 
     name = "openai"
-    capabilities = Capabilities(text_only=True)
+    capabilities = BACKENDS["openai"].capabilities
     tokenizer = None  # the server tokenizes; nothing local can count or splice its tokens
 
     def __init__(self, model: str | None = None, **options):
@@ -206,7 +207,8 @@ class OpenAIBackend:
     def new_session(self, n_ctx: int | None = None):
         raise BackendError("the openai backend is text only (capabilities.text_only): the server owns the KV "
                            "cache, so there is no session to prefill, decode, splice or evict; use "
-                           "chat()/complete()/stream_text(), or a local backend (--backend llamacpp|mlx)")
+                           f"chat()/complete()/stream_text(), or a local backend (--backend "
+                           f"{'|'.join(list_backends(text_only=False))})")
 
     def close(self) -> None:
         """Nothing is held open between requests."""

@@ -1,17 +1,63 @@
-"""The backends Nexus knows, by name. One plain dict; it also drives the parametrized backend tests."""
+"""The backends Nexus knows, by name, with what each can do. One plain dict; it drives the CLI `--backend`
+choices and the parametrized backend tests.
+
+Adding a backend is one module implementing `native.base.Backend` (and `KVSession` / `TextBackend` as its
+capabilities say) plus one entry here.
+"""
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass, fields
 
-from native.base import Backend, ModelError
+from native.base import Backend, Capabilities, ModelError
 
-# name -> "module:Class"; imported lazily so that `nexus --help` does not load MLX or llama.cpp.
-BACKENDS: dict[str, str] = {
-    "mlx": "native.mlx_backend:MLXBackend",
-    "llamacpp": "native.llamacpp_backend:LlamaCppBackend",
-    "openai": "native.openai_backend:OpenAIBackend",  # text only: any OpenAI-compatible HTTP server
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """Where a backend lives ("module:Class", imported on first load) and its capabilities.
+
+    The capabilities are declared here rather than only on the class so that selecting backends by capability
+    (`list_backends`) does not import MLX or llama.cpp; the class exposes the same object as `capabilities`.
+    """
+
+    target: str
+    capabilities: Capabilities
+
+    def __post_init__(self):
+        if self.target.count(":") != 1:
+            raise ValueError(f"backend target must be 'module:Class', got {self.target!r}")
+
+
+BACKENDS: dict[str, BackendSpec] = {
+    "llamacpp": BackendSpec(
+        "native.llamacpp_backend:LlamaCppBackend",
+        # no can_recompute_kv: a batch must start at the last position + 1, so cached cells cannot be rewritten;
+        # no can_skip_reanchor: shifting positions (llama_memory_seq_add) always re-rotates the keys
+        Capabilities(can_splice=True, can_remove_positions=True),
+    ),
+    "mlx": BackendSpec(
+        "native.mlx_backend:MLXBackend",
+        Capabilities(can_splice=True, can_skip_reanchor=True, can_bias_keys=True, can_score_attention=True,
+                     can_remove_positions=True, can_recompute_kv=True),
+    ),
+    # any OpenAI-compatible HTTP server: the server owns the KV cache
+    "openai": BackendSpec("native.openai_backend:OpenAIBackend", Capabilities(text_only=True)),
 }
+
+
+def list_backends(**flags: bool) -> list[str]:
+    """Names of the backends whose capabilities have every given value, in BACKENDS order.
+
+    `list_backends()` is every backend, `list_backends(text_only=False)` the local ones (sessions, tokenizer),
+    `list_backends(can_splice=True)` those that can splice compiled blocks.
+    """
+    known = {f.name for f in fields(Capabilities)}
+    unknown = sorted(set(flags) - known)
+    if unknown:
+        raise ValueError(f"unknown capability {', '.join(unknown)}; Capabilities has: {', '.join(sorted(known))}")
+    return [name for name, spec in BACKENDS.items()
+            if all(getattr(spec.capabilities, k) == v for k, v in flags.items())]
 
 
 def load_backend(name: str, model: str | None = None, **options) -> Backend:
@@ -21,9 +67,9 @@ def load_backend(name: str, model: str | None = None, **options) -> Backend:
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
-    module_name, cls_name = BACKENDS[name].split(":")
+    module_name, cls_name = BACKENDS[name].target.split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
     return cls(model, **options)
 
 
-__all__ = ["BACKENDS", "load_backend", "ModelError"]
+__all__ = ["BACKENDS", "BackendSpec", "ModelError", "list_backends", "load_backend"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from native.registry import list_backends
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="run one agent task over the registered MCP tools")
@@ -15,13 +17,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     _agent_args(c)
     c.set_defaults(func=_chat)
     d = sub.add_parser("doctor", help="check installation, model, llguidance, registry, buffer, blocks and servers")
-    d.add_argument("--backend", choices=["mlx", "llamacpp"], default="llamacpp")
+    d.add_argument("--backend", choices=list_backends(text_only=False), default="llamacpp")
     d.add_argument("--no-servers", action="store_true", help="do not start the registered MCP servers")
     d.set_defaults(func=_doctor)
 
 
 def _agent_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=["mlx", "llamacpp", "openai"], default="llamacpp", help="model backend")
+    p.add_argument("--backend", choices=list_backends(), default="llamacpp", help="model backend")
     p.add_argument("--model", default=None, help="GGUF file or MLX model folder (default: packaged SmolLM2)")
     p.add_argument("--trace", default=None, metavar="FILE", help="append a JSONL trace of the session to FILE")
     p.add_argument("--max-steps", type=int, default=4, help="tool calls per turn (default 4)")

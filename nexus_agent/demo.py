@@ -14,6 +14,8 @@ import argparse
 import os
 import sys
 
+from native.registry import list_backends
+
 DEMO_PROMPT = "In two sentences, why do AI agents need tools?"
 DEMO_TASK = "Add 12 and 30, then convert 5 km to mi"
 DEMO_SERVERS = ("calculator", "units")
@@ -21,7 +23,8 @@ DEMO_SERVERS = ("calculator", "units")
 
 def register(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("demo", help="the main job on the embedded defaults (generation + a multi-step agent task)")
-    d.add_argument("--backend", choices=["mlx", "llamacpp"], default="llamacpp", help="backend for the agent task")
+    d.add_argument("--backend", choices=list_backends(text_only=False), default="llamacpp",
+                   help="backend for the agent task")
     d.add_argument("--skip-generate", action="store_true", help="only run the agent task")
     d.set_defaults(func=run_demo)
 
@@ -34,7 +37,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from native.cli import format_stats, stream_answer
 
     if not args.skip_generate:
-        for backend in ("llamacpp", "mlx"):
+        for backend in list_backends(text_only=False):
             _banner(f"{backend} · SmolLM2-135M-Instruct (packaged) · streamed chat")
             print(f"> {DEMO_PROMPT}\n", flush=True)
             print(format_stats(stream_answer(backend, None, [{"role": "user", "content": DEMO_PROMPT}], 64)))

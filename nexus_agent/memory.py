@@ -69,9 +69,8 @@ class LiveContext:
         self.ids.append(int(token))
 
     def begin_answer(self) -> None:
-        """Mark the start of an answer (the certified policy certifies its first steps)."""
-        if hasattr(self.session, "begin_answer"):
-            self.session.begin_answer()
+        """Mark the start of an answer at the next token fed (an evicting session certifies its first steps)."""
+        self.session.begin_answer()
 
     def close(self) -> None:
         self.session.close()
@@ -120,10 +119,11 @@ def enforce_budget(live: LiveContext) -> None:
 
 def certify_answer(live: LiveContext) -> dict | None:
     """After an answer on an evicting MLX session: the certificate, and on a red flag a recall from the disk tier
-    (the caller re-prefills from the transcript when nothing could be recalled)."""
-    s = live.session
-    if not hasattr(s, "red_flag"):
+    (the caller re-prefills from the transcript when nothing could be recalled). None when `attach_eviction`
+    did not wrap the session (no budget, or a backend without per-key bias)."""
+    if not live.manager or live.manager["kind"] != "scored":
         return None
+    s = live.session
     out = {"certificate": float(s.certificate), "red_flag": bool(s.red_flag), "recalled": 0}
     if out["red_flag"]:
         out["recalled"] = int(len(s.recall(live.budget // 4)))

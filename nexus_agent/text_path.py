@@ -20,7 +20,7 @@ from registry.signature import compress
 
 def is_text_only(backend) -> bool:
     """Whether `backend` generates through a text API only (no Session, no tokenizer)."""
-    return bool(getattr(backend.capabilities, "text_only", False))
+    return backend.capabilities.text_only
 
 
 def _stream(agent, messages: list[dict], max_tokens: int, kind: str, schema: dict | None = None):

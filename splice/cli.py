@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 
+from native.registry import list_backends
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compile", help="compile tool-schema KV blocks for splicing (only stale ones)")
     p.add_argument("--tools", default=None, help="comma-separated tool names (default: every stale tool)")
-    p.add_argument("--backend", default="llamacpp", choices=["llamacpp", "mlx"])
+    p.add_argument("--backend", default="llamacpp", choices=list_backends(can_splice=True))
     p.add_argument("--model", default=None, help="GGUF file or model folder (default: packaged SmolLM2-135M)")
     p.add_argument("--force", action="store_true", help="recompile even fresh blocks")
     p.set_defaults(func=_compile)
     s = sub.add_parser("splice", help="splice profiles").add_subparsers(dest="splice_cmd", required=True)
     c = s.add_parser("calibrate", help="measure splice fidelity per depth and write the model's repair profile")
-    c.add_argument("--backend", default="llamacpp", choices=["llamacpp", "mlx"])
+    c.add_argument("--backend", default="llamacpp", choices=list_backends(can_splice=True))
     c.add_argument("--model", default=None)
     c.add_argument("--tool-file", default=None,
                    help="JSON/JSONL tools to calibrate on (default: the registry's tools)")

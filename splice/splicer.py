@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from native.base import KVRange
+from native.base import KVRange, KVSession
 from registry.model import Tool
 from splice.block import BlockError, load_block
 from splice.compiler import block_key, block_path
@@ -38,14 +38,16 @@ class SpliceResult:
         return self.redecoded / self.n_tokens if self.n_tokens else 0.0
 
 
-def apply_plan(session, kv: KVRange, plan: RepairPlan) -> int:
-    """Insert block `kv` at `session.n_past` per `plan`; returns how many block tokens were decoded as text.
+def apply_plan(session: KVSession, kv: KVRange, plan: RepairPlan) -> int:
+    """Insert block `kv` at `session.n_past` per `plan`; returns how many block tokens were decoded as text or
+    recomputed.
 
     head n (tail t): decode kv.tokens[:n] as text, import kv[n:T-t] re-anchored right after them (a batch must
     start at the last position + 1, so the head goes first), then decode the last t tokens as text.
     suffix n: import kv[:T-n], then decode the last n tokens.
     blend n, frac: head n, then `session.recompute_kv` rewrites the most-deviating frac of the spliced tokens in
-    place (CacheBlend); a session without that hook (llama.cpp) runs the plan as head n.
+    place (CacheBlend); on a backend without `can_recompute_kv` (llama.cpp) it recomputes none: the plan runs as
+    head n.
     """
     T = len(kv)
     tokens = [int(t) for t in kv.tokens]
@@ -55,20 +57,17 @@ def apply_plan(session, kv: KVRange, plan: RepairPlan) -> int:
     if plan.mode == "text" or plan.mode != "none" and head + tail >= T:
         session.prefill(tokens)
         return T
-    kwargs = {} if plan.rotate else {"rotate": False}
     if head:
         session.prefill(tokens[:head])
     start = session.n_past
-    if head or tail:
-        kwargs["span"] = (head, T - tail)
-    session.import_kv(kv, **kwargs)
+    session.import_kv(kv, span=(head, T - tail) if head or tail else None, rotate=plan.rotate)
     if tail:
         session.prefill(tokens[T - tail :])
-    recompute = getattr(session, "recompute_kv", None) if plan.mode == "blend" else None
-    return head + tail + (len(recompute(start, start + T - head, plan.frac)) if recompute else 0)
+    recomputed = len(session.recompute_kv(start, start + T - head, plan.frac)) if plan.mode == "blend" else 0
+    return head + tail + recomputed
 
 
-def splice_tool(session, backend, tool: Tool, depth: int, profile: SpliceProfile | None = None,
+def splice_tool(session: KVSession, backend, tool: Tool, depth: int, profile: SpliceProfile | None = None,
                 root: Path | None = None) -> SpliceResult:
     """Put `tool`'s schema segment into `session` at `session.n_past`; `depth` = tokens after the system prompt.
 

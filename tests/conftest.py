@@ -1,4 +1,8 @@
-"""Shared fixtures: the real packaged models, loaded once per test session, and a private NEXUS_HOME per test."""
+"""Shared fixtures: the real packaged models, loaded once per test session, and a private NEXUS_HOME per test.
+
+`backend` runs a test on every local backend in `native.registry.BACKENDS` (those with sessions: not
+`text_only`); `mlx_backend` / `llamacpp_backend` are the same loaded instances, for backend-specific tests.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(__file__))
 
+from native.registry import list_backends  # noqa: E402  (after the environment above)
+
+LOCAL_BACKENDS = list_backends(text_only=False)
+
 
 @pytest.fixture(autouse=True)
 def nexus_home(tmp_path, monkeypatch):
@@ -20,26 +28,35 @@ def nexus_home(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def mlx_backend():
+def loaded_backends():
+    """`get(name)`: the packaged model on local backend `name`, loaded on first use and closed at the end."""
     from native import load_backend
 
-    b = load_backend("mlx")
-    yield b
-    b.close()
+    loaded = {}
+
+    def get(name: str):
+        if name not in loaded:
+            loaded[name] = load_backend(name)
+        return loaded[name]
+
+    yield get
+    for b in loaded.values():
+        b.close()
 
 
 @pytest.fixture(scope="session")
-def llamacpp_backend():
-    from native import load_backend
-
-    b = load_backend("llamacpp")
-    yield b
-    b.close()
+def mlx_backend(loaded_backends):
+    return loaded_backends("mlx")
 
 
-@pytest.fixture(scope="session", params=["mlx", "llamacpp"])
-def backend(request):
-    return request.getfixturevalue(f"{request.param}_backend")
+@pytest.fixture(scope="session")
+def llamacpp_backend(loaded_backends):
+    return loaded_backends("llamacpp")
+
+
+@pytest.fixture(scope="session", params=LOCAL_BACKENDS)
+def backend(request, loaded_backends):
+    return loaded_backends(request.param)
 
 
 PROBE_SERVER = os.path.join(os.path.dirname(__file__), "agent", "probe_server.py")

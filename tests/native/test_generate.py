@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from native.generate import SamplerConfig, generate, stream_generate
+from native.registry import list_backends
 
 MSG = [{"role": "user", "content": "Name three primary colors."}]
 
@@ -37,7 +38,7 @@ def test_sampling_is_seeded(mlx_backend):
         SamplerConfig(temperature=-1)
 
 
-@pytest.mark.parametrize("name", ["mlx", "llamacpp"])
+@pytest.mark.parametrize("name", list_backends(text_only=False))
 def test_cli_generate_on_packaged_model(name, tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", NEXUS_HOME=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "nexus_agent.cli", "generate", "--backend", name, "--max-tokens", "16",

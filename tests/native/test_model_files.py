@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-from native import ModelError, load_backend  # first: it points MLX at OpenBLAS (native.blas)
+from native import ModelError, list_backends, load_backend  # first: it points MLX at OpenBLAS (native.blas)
 import mlx.core as mx  # noqa: E402
 from native.model_files import default_model_path
 
@@ -21,7 +21,7 @@ def _write_gguf(path, metadata: dict[str, str]) -> None:
     path.write_bytes(bytes(out))
 
 
-@pytest.mark.parametrize("name", ["mlx", "llamacpp"])
+@pytest.mark.parametrize("name", list_backends(text_only=False))
 def test_bad_model_paths_give_one_line_errors(name, tmp_path):
     missing = tmp_path / "nope.gguf"
     text = tmp_path / "notes.txt"

@@ -43,7 +43,7 @@ def _plans(backend, profile, depth, n_tokens):
     from splice.profile import RepairPlan
 
     return {
-        "bare": RepairPlan("none", 0, rotate=False) if backend.name == "mlx" else None,  # llama.cpp always rotates
+        "bare": RepairPlan("none", 0, rotate=False) if backend.capabilities.can_skip_reanchor else None,
         "reanchored": RepairPlan("none", 0),
         "repaired": profile.plan_for(depth, n_tokens),
         "suffix": RepairPlan("suffix", n_tokens // 4),

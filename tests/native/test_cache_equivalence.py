@@ -2,7 +2,8 @@
 
 MLX runs the same float32 maths whatever the batch shape: logits agree to 2e-3. llama.cpp picks different
 kernels (and activation quantization) for a 1-token batch than for a long one, so its incremental logits drift
-by up to ~0.5 logit; there we bound the KL divergence and require the same argmax. Measured here: KL <= 2e-3.
+by up to ~0.5 logit; there we bound the KL divergence. Both must keep the argmax wherever the one-shot top-1 leads
+by more than twice that drift (a near-tie may flip on another CPU's kernels). Measured here: KL <= 2e-3.
 """
 
 import numpy as np
@@ -10,6 +11,7 @@ import numpy as np
 from corpus_data import PROMPTS, teacher_forced
 
 KL_BOUND = 0.01  # nats, llama.cpp only
+DECISIVE = {"mlx": 0.01, "llamacpp": 1.0}  # logits: top-1 leads that no batch split of this backend can flip
 
 
 def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
@@ -27,7 +29,12 @@ def assert_same_logits(backend, got: np.ndarray, want: np.ndarray) -> None:
     else:
         kl = _kl(want, got)
         assert kl.max() < KL_BOUND, f"KL {kl.max():.4g} nats"
-    assert (np.atleast_2d(got).argmax(-1) == np.atleast_2d(want).argmax(-1)).all()
+    got, want = np.atleast_2d(got), np.atleast_2d(want)
+    top2 = np.sort(want, -1)[:, -2:]
+    decisive = top2[:, 1] - top2[:, 0] > DECISIVE[backend.name]
+    assert (got.argmax(-1) == want.argmax(-1))[decisive].all()
+    ranks = (want > want[np.arange(len(want)), got.argmax(-1)][:, None]).sum(-1)
+    assert (ranks <= 1).all()  # at a near-tie the other of the two leading tokens, never a third
 
 
 def _tokens(tok):

@@ -6,7 +6,6 @@ by up to ~0.5 logit; there we bound the KL divergence and require the same argma
 """
 
 import numpy as np
-
 from corpus_data import PROMPTS, teacher_forced
 
 KL_BOUND = 0.01  # nats, llama.cpp only

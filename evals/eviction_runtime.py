@@ -96,8 +96,8 @@ def fact_recall(backend, traces: list, policy_names: list[str], budget: float, c
     steps), `name+recall_spill` (re-answer when the disk tier's flag fires: an answer head would attend to an
     evicted key with weight >= 0.9) and `name+recall_always` (re-answer every item: the disk tier's upper bound).
     The first answer generates 6 greedy tokens where the certificate needs them (certified) and 1 elsewhere
-    (only the first token is scored). Also: flag rates, accuracy of the flagged items after recall, and the AUC of the certificate and of
-    `evicted_attention` against induced failures (items the evicted cache gets wrong)."""
+    (only the first token is scored). Also: flag rates, accuracy of the flagged items after recall, and the AUC of the
+    certificate and of `evicted_attention` against induced failures (items the evicted cache gets wrong)."""
     tok = backend.tokenizer
     full_ok, runs = [], []
     for ids, facts in traces:  # one full prefill per trace, cloned for every policy and item
@@ -169,7 +169,8 @@ def _recall_one(backend, runs, name, cond, budget, recall_frac, rank, seed, wind
             fl = [a for a, f in zip(after, flags) if f]
             r.update({"flag_rate": float(np.mean(flags)) if n else 0.0, "flagged": int(sum(flags)),
                       "recall_after_flag_acc": float(np.mean(fl)) if fl else None,
-                      "recalled_tokens_per_flag": float(np.mean([k for k, f in zip(recalled, flags) if f])) if fl else 0.0})
+                      "recalled_tokens_per_flag":
+                          float(np.mean([k for k, f in zip(recalled, flags) if f])) if fl else 0.0})
         return r
 
     pick = lambda flags: [a if f else b for a, b, f in zip(after, before, flags)]  # noqa: E731

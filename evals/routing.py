@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default="schema", help="tool text: schema | name_desc_params | name_desc")
     p.add_argument("--reranker", default=None,
                    help="a CrossEncoder folder to use instead of training one; 'none': no reranking (gate only)")
-    p.add_argument("--train-steps", type=int, default=300, help="reranker optimizer steps (per fold when cross-fitting)")
+    p.add_argument("--train-steps", type=int, default=300,
+                   help="reranker optimizer steps (per fold when cross-fitting)")
     p.add_argument("--max-queries", type=int, default=0, help="score only the first N queries (quick runs)")
     p.add_argument("--k", type=int, default=10, help="candidates reranked")
     p.add_argument("--plot", default=None, help="PNG path for accuracy vs size (default: next to --json)")
@@ -107,7 +108,8 @@ def _fit_weights(rr, texts, lexical, qtexts, qv, golds, f32, m8, sc, size, seed,
     cos = np.stack([r[1][:k_eff] for r in res])
     lex = np.stack([lexical.subset(r[3]).scores(qtexts[j], [int(np.flatnonzero(r[3] == c)[0]) for c in r[2][:k_eff]])
                     for j, r in zip(sel, res)])
-    gold = np.array([int(np.flatnonzero(r[2][:k_eff] == g)[0]) if g in r[2][:k_eff] else -1 for r, g in zip(res, golds[sel])])
+    gold = np.array([int(np.flatnonzero(r[2][:k_eff] == g)[0]) if g in r[2][:k_eff] else -1
+                     for r, g in zip(res, golds[sel])])
     lex_only = pick_fusion_weights(cos, lex, None, gold)[0]
     if rr is None:
         return {"lex_weight": lex_only, "ce_weight": 0.0, "lex_only": lex_only}
@@ -121,14 +123,14 @@ def run(args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
 
+    from registry.atomic import write_atomic
+    from registry.home import home_path
     from slb.buffer import quantize_rows
     from slb.embedder import Embedder, EmbedderConfig
     from slb.gate import GateConfig, gate_stats, pick_floor, pick_tau
     from slb.reranker import Reranker, registry_fingerprint
     from slb.scan import scan
     from slb.tools import as_entry
-    from registry.atomic import write_atomic
-    from registry.home import home_path
 
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -181,20 +183,25 @@ def run(args: argparse.Namespace) -> dict:
     from slb.tools import lexical_text, tool_text
 
     texts = [tool_text(t, args.recipe) for t in tools]
-    lexical = LexicalIndex([lexical_text(t) for t in tools])  # per-tool term counts once; each registry is a subset (IDF over its tools)
+    # per-tool term counts once; each registry is a subset (IDF over its tools)
+    lexical = LexicalIndex([lexical_text(t) for t in tools])
     fit_size = max([s for s in sizes if s <= 250] or sizes[:1])
     if cross_fit:
         qtexts = [q["query"] for q in scored]
-        weights = {f: _fit_weights(rr[f], texts, lexical, [qtexts[i] for i in np.flatnonzero(folds != f)], qv[folds != f],
-                                   golds[folds != f], f32, m8, sc, fit_size, args.seed + f, args.k) for f in (0, 1)}
+        weights = {f: _fit_weights(rr[f], texts, lexical, [qtexts[i] for i in np.flatnonzero(folds != f)],
+                                   qv[folds != f], golds[folds != f], f32, m8, sc, fit_size, args.seed + f, args.k)
+                   for f in (0, 1)}
     else:
-        w = _fit_weights(rr[0], texts, lexical, [q["query"] for q in calib], cv, cgolds, f32, m8, sc, fit_size, args.seed, args.k)
+        w = _fit_weights(rr[0], texts, lexical, [q["query"] for q in calib], cv, cgolds, f32, m8, sc, fit_size,
+                         args.seed, args.k)
         weights = {0: w, 1: w}
-    result = {"sizes": {}, "fusion_weights": weights, "fit_size": fit_size, "queries": len(scored), "irrelevant": len(irr), "calib_queries": len(calib),
+    result = {"sizes": {}, "fusion_weights": weights, "fit_size": fit_size, "queries": len(scored),
+              "irrelevant": len(irr), "calib_queries": len(calib),
               "cross_fit": cross_fit, "recipe": args.recipe, "seed": args.seed, "target": args.target,
-              "reranker": {f: str(p) for f, p in rr_paths.items()} or None, "reranker_train_s": train_s, "embed_catalogue_s": embed_tools_s,
-              "catalogue": len(tools)}
-    print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'lexonly':>7} {'auto%':>6} {'autoP':>6} {'none%':>6} {'p50ms':>7} {'tau':>6} {'floor':>6}")
+              "reranker": {f: str(p) for f, p in rr_paths.items()} or None, "reranker_train_s": train_s,
+              "embed_catalogue_s": embed_tools_s, "catalogue": len(tools)}
+    print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'lexonly':>7} {'auto%':>6} {'autoP':>6} {'none%':>6} "
+          f"{'p50ms':>7} {'tau':>6} {'floor':>6}")
     for size in sizes:
         res = _scan_all(qv, golds, f32, m8, sc, size, args.seed + size, args.k)
         top1_f = np.array([r[0] for r in res]) == golds
@@ -206,23 +213,27 @@ def run(args: argparse.Namespace) -> dict:
             gates = {}
             for f in (0, 1):
                 o = folds != f
-                gates[f] = GateConfig(pick_tau(margins[o], top1_8[o], args.target), pick_floor(top1s[o], args.floor_recall),
+                gates[f] = GateConfig(pick_tau(margins[o], top1_8[o], args.target),
+                                      pick_floor(top1s[o], args.floor_recall),
                                       args.k, weights[f]["lex_weight"], weights[f]["ce_weight"])
             gate_of = [gates[f] for f in folds]
         else:
             cres = _scan_all(cv, cgolds, f32, m8, sc, size, args.seed + 7919 + size, args.k)
             cm = np.array([r[1][0] - r[1][1] for r in cres])
             cc = np.array([r[2][0] for r in cres]) == cgolds
-            g = GateConfig(pick_tau(cm, cc, args.target), pick_floor(np.array([r[1][0] for r in cres]), args.floor_recall),
+            g = GateConfig(pick_tau(cm, cc, args.target),
+                           pick_floor(np.array([r[1][0] for r in cres]), args.floor_recall),
                            args.k, weights[0]["lex_weight"], weights[0]["ce_weight"])
             gate_of = [g] * len(scored)
         # routed on the very registries the embed / INT8 columns were scored on (res[i][3])
         routed, paths, lat = _route_all(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, m8, sc, lexical)
-        lex_gates = [dataclasses.replace(gg, lex_weight=weights[f]["lex_only"], ce_weight=0.0) for gg, f in zip(gate_of, folds)]
+        lex_gates = [dataclasses.replace(gg, lex_weight=weights[f]["lex_only"], ce_weight=0.0)
+                     for gg, f in zip(gate_of, folds)]
         if all(a == b for a, b in zip(lex_gates, gate_of)):  # fitted ce_weight 0 and the same lex weight: identical
             routed_lex, lat_lex = routed, lat
         else:
-            routed_lex, _, lat_lex = _route_all(emb, scored, qv, golds, res, lex_gates, folds, rr, tools, names, m8, sc, lexical)
+            routed_lex, _, lat_lex = _route_all(emb, scored, qv, golds, res, lex_gates, folds, rr, tools, names, m8, sc,
+                                                lexical)
         paths = np.array(paths)
         auto = paths == "auto"
         none_prec = None
@@ -236,18 +247,22 @@ def run(args: argparse.Namespace) -> dict:
                 nn += bool(s[0] < g.floor)
             none_prec = nn / len(irr)
         row = {
-            "top1_embed": float(top1_f.mean()), "top1_int8": float(top1_8.mean()), "top1_routed": float(np.mean(routed)),
+            "top1_embed": float(top1_f.mean()), "top1_int8": float(top1_8.mean()),
+            "top1_routed": float(np.mean(routed)),
             "top1_routed_lex": float(np.mean(routed_lex)),
-            "auto_rate": float(auto.mean()), "auto_precision": float(np.array(routed)[auto].mean()) if auto.any() else None,
+            "auto_rate": float(auto.mean()),
+            "auto_precision": float(np.array(routed)[auto].mean()) if auto.any() else None,
             "rerank_rate": float((paths == "rerank").mean()), "none_rate_relevant": float((paths == "none").mean()),
             "none_precision": none_prec, "route_ms_p50": float(np.percentile(lat, 50)),
             "route_ms_p99": float(np.percentile(lat, 99)),
-            "route_ms_p50_lex": float(np.percentile(lat_lex, 50)), "route_ms_p99_lex": float(np.percentile(lat_lex, 99)),
+            "route_ms_p50_lex": float(np.percentile(lat_lex, 50)),
+            "route_ms_p99_lex": float(np.percentile(lat_lex, 99)),
             "tau": float(np.mean([gg.tau for gg in gate_of])), "floor": float(np.mean([gg.floor for gg in gate_of])),
             "gate_stats_int8": gate_stats(margins, top1_8, float(np.mean([gg.tau for gg in gate_of]))),
         }
         result["sizes"][str(size)] = row
-        print(f"{size:>6} {row['top1_embed']:7.3f} {row['top1_int8']:7.3f} {row['top1_routed']:7.3f} {row['top1_routed_lex']:7.3f} {row['auto_rate']*100:6.1f} "
+        print(f"{size:>6} {row['top1_embed']:7.3f} {row['top1_int8']:7.3f} {row['top1_routed']:7.3f} "
+              f"{row['top1_routed_lex']:7.3f} {row['auto_rate']*100:6.1f} "
               f"{(row['auto_precision'] or 0):6.3f} {(none_prec if none_prec is not None else float('nan'))*100:6.1f} "
               f"{row['route_ms_p50']:7.2f} {row['tau']:6.3f} {row['floor']:6.3f}")
     _embed_latency(emb, scored, result)
@@ -268,8 +283,8 @@ def _route_all(emb, scored, qv, golds, res, gates, folds, rr, tools, names, m8, 
     routed, paths, lat = [], [], []
     for q, v, g, r, gate, f in zip(scored, qv, golds, res, gates, folds):
         idx = r[3]
-        router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])), [tools[i] for i in idx],
-                        gate, rr[f], lexical=lexical.subset(idx))
+        router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])),
+                        [tools[i] for i in idx], gate, rr[f], lexical=lexical.subset(idx))
         d = router.route(q["query"], v)
         routed.append(d.tool == names[g])
         paths.append(d.path)

@@ -42,12 +42,11 @@ def run(args: argparse.Namespace) -> dict:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     import numpy as np
+    from threadpoolctl import threadpool_limits
 
     from slb.buffer import quantize_rows
     from slb.scan import scan
     from slb.twostage import COARSE_DIM, TWO_STAGE_MIN_ROWS, fit_rotation
-
-    from threadpoolctl import threadpool_limits
 
     with threadpool_limits(1):
         return _run(args, np, quantize_rows, scan, (COARSE_DIM, TWO_STAGE_MIN_ROWS, fit_rotation))
@@ -64,7 +63,8 @@ def _run(args, np, quantize_rows, scan, two) -> dict:
         x = rng.standard_normal((n, args.dim)).astype(np.float32)
         x /= np.linalg.norm(x, axis=1, keepdims=True)
         m8, sc = quantize_rows(x)
-        q = np.ascontiguousarray(x[rng.integers(0, n, 16)] + 0.1 * rng.standard_normal((16, args.dim)).astype(np.float32))
+        q = np.ascontiguousarray(x[rng.integers(0, n, 16)]
+                                 + 0.1 * rng.standard_normal((16, args.dim)).astype(np.float32))
         q /= np.linalg.norm(q, axis=1, keepdims=True)
         reps = max(20, args.repeats if n <= 10000 else args.repeats // 4)
         plain = ScanIndex(m8, sc)

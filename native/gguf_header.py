@@ -42,7 +42,8 @@ class _Cursor:
 
     def take(self, n: int) -> memoryview:
         if self.pos + n > len(self.buf):
-            raise ModelError(f"{self.path}: truncated GGUF header (needs byte {self.pos + n}, file has {len(self.buf)})")
+            raise ModelError(f"{self.path}: truncated GGUF header "
+                             f"(needs byte {self.pos + n}, file has {len(self.buf)})")
         out = self.buf[self.pos : self.pos + n]
         self.pos += n
         return out

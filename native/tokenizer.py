@@ -20,7 +20,8 @@ from typing import Sequence
 
 import jinja2
 import jinja2.sandbox
-from tokenizers import Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
 
 from native.base import ModelError
 

@@ -56,7 +56,8 @@ def run_demo(args: argparse.Namespace) -> int:
     with RegistryStore() as store:
         for name in DEMO_SERVERS:
             report = register_server(command_for(name), store)
-            print(f"{name}: {len(report.added)} added, {len(report.unchanged)} unchanged, {len(report.rejected)} rejected")
+            print(f"{name}: {len(report.added)} added, {len(report.unchanged)} unchanged, "
+                  f"{len(report.rejected)} rejected")
         backend = load_backend(args.backend)
         paths = compile_stale(backend, store)
         print(f"compiled {len(paths)} stale schema KV block(s) for {backend.name}")

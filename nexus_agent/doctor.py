@@ -35,7 +35,8 @@ def check_install(backend_name: str) -> list[Check]:
         maps = Path("/proc/self/maps").read_text() if Path("/proc/self/maps").exists() else ""
         bound = any(c in maps for c in OPENBLAS_CANDIDATES)
         out.append(("openblas", bound, f"{path or 'OpenBLAS'} mapped for MLX" if bound else
-                    "MLX runs on its slow reference BLAS: `apt install libopenblas0-pthread` (unset NEXUS_NO_OPENBLAS)"))
+                    "MLX runs on its slow reference BLAS: `apt install libopenblas0-pthread` "
+                    "(unset NEXUS_NO_OPENBLAS)"))
     try:
         from native.model_files import default_model_path
 
@@ -64,8 +65,9 @@ def check_model(backend_name: str) -> list[Check]:
 
         ll_tokenizer(backend.tokenizer)
         s = backend.new_session(512)
-        r = generate_json(s, backend.tokenizer.encode("x="), {"type": "object", "properties": {"n": {"type": "integer"}},
-                                                              "required": ["n"]}, backend.tokenizer, 16)
+        r = generate_json(s, backend.tokenizer.encode("x="),
+                          {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+                          backend.tokenizer, 16)
         s.close()
         out.append(("llguidance", r.complete, f"constrained sample {r.text!r}"))
     except Exception as e:
@@ -82,7 +84,8 @@ def check_registry(store) -> list[Check]:
         return [("registry", False, f"{store.path} is damaged ({integrity}): move it away and register the servers "
                  "again (`nexus register --server CMD`)")]
     n = store.tool_count()
-    return [("registry", n > 0, f"{n} tools in {store.path}" + ("" if n else "; run `nexus register --bundled calculator`"))]
+    return [("registry", n > 0,
+             f"{n} tools in {store.path}" + ("" if n else "; run `nexus register --bundled calculator`"))]
 
 
 def check_buffer(store) -> list[Check]:

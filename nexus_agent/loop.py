@@ -19,17 +19,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from native.generate import Sampler, SamplerConfig
 from nexus_agent.constrained import generate_json
 from nexus_agent.fullschema import insert_schema, needs_full_schema, user_tokens
 from nexus_agent.memory import LiveContext, MemoryConfig, certify_answer
 from nexus_agent.prompts import answer_messages, argument_messages, observation_text
-from nexus_agent.text_path import is_text_only, text_answer, text_arguments
 from nexus_agent.servers import Observation, ServerPool
+from nexus_agent.text_path import is_text_only, text_answer, text_arguments
 from nexus_agent.trace import Trace
-from native.generate import Sampler, SamplerConfig
 from registry.signature import compress
 
-_STEP_SPLIT = re.compile(r"\s*(?:;\s*(?:and\s+)?(?:then\s+)?|,?\s+and then\s+|,?\s+then\s+|[.?!]\s+then\s+)\s*", re.IGNORECASE)
+_STEP_SPLIT = re.compile(r"\s*(?:;\s*(?:and\s+)?(?:then\s+)?|,?\s+and then\s+"
+                         r"|,?\s+then\s+|[.?!]\s+then\s+)\s*", re.IGNORECASE)
 
 
 @dataclass

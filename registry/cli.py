@@ -10,17 +10,21 @@ import sys
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("register", help="register MCP tools from a server, a JSON/JSONL file or a bundled server")
+    p = subparsers.add_parser("register",
+                              help="register MCP tools from a server, a JSON/JSONL file or a bundled server")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--server", metavar="CMD", help='stdio server command line, e.g. "python -m registry.servers.catalog"')
+    src.add_argument("--server", metavar="CMD",
+                     help='stdio server command line, e.g. "python -m registry.servers.catalog"')
     src.add_argument("--file", metavar="PATH", help="JSON or JSONL file of MCP tool objects")
-    src.add_argument("--bundled", metavar="NAME", help="a bundled server: calculator, clock, files, notes, units, catalog")
+    src.add_argument("--bundled", metavar="NAME",
+                     help="a bundled server: calculator, clock, files, notes, units, catalog")
     p.add_argument("--name", help="server name to record (default: the name the server reports)")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for the server (default 20)")
     p.add_argument("--json", action="store_true", help="print the registration report as JSON")
     p.set_defaults(func=cmd_register)
 
-    tools = subparsers.add_parser("tools", help="inspect the registered tools").add_subparsers(dest="tools_command", required=True)
+    tools = subparsers.add_parser("tools", help="inspect the registered tools").add_subparsers(
+        dest="tools_command", required=True)
     p = tools.add_parser("list", help="list registered tools")
     p.add_argument("--server", help="only tools of this server")
     p.add_argument("--json", action="store_true", help="print a JSON array of tool objects")
@@ -36,7 +40,8 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_tools_stats)
 
-    servers = subparsers.add_parser("servers", help="inspect registered MCP servers").add_subparsers(dest="servers_command", required=True)
+    servers = subparsers.add_parser("servers", help="inspect registered MCP servers").add_subparsers(
+        dest="servers_command", required=True)
     p = servers.add_parser("list", help="list registered servers and how to start them")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_servers_list)

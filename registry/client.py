@@ -65,9 +65,9 @@ class ToolClient:
         self._errlog = None
 
     async def __aenter__(self) -> "ToolClient":
-        import anyio
         from contextlib import AsyncExitStack
 
+        import anyio
         from mcp import ClientSession, StdioServerParameters
         from mcp.client.stdio import stdio_client
 

@@ -95,7 +95,8 @@ def check_json_schema(tool: str, field: str, schema: Any, limits: ToolLimits = L
 
     where = f"$.{field}"
     if not isinstance(schema, dict):
-        raise ToolValidationError(tool, where, "schema-is-object", f"must be a JSON object, got {type(schema).__name__}")
+        raise ToolValidationError(tool, where, "schema-is-object",
+                                  f"must be a JSON object, got {type(schema).__name__}")
     if _depth_exceeds(schema, limits.max_schema_depth):  # first: serializing a very deep document would recurse
         raise ToolValidationError(tool, where, "max-schema-depth", f"nested deeper than {limits.max_schema_depth}")
     size = len(canonical_json(schema).encode())
@@ -183,7 +184,8 @@ class Tool(BaseModel):
         if hasattr(tool, "model_dump"):
             tool = tool.model_dump(by_alias=True, exclude_none=True, mode="json")
         if not isinstance(tool, dict):
-            raise ToolValidationError("?", "$", "tool-is-object", f"a tool must be a JSON object, got {type(tool).__name__}")
+            raise ToolValidationError("?", "$", "tool-is-object",
+                                      f"a tool must be a JSON object, got {type(tool).__name__}")
         data = {k: v for k, v in tool.items() if k not in ("server", "schema_hash", "schemaHash")}
         if server is not None:
             data["server"] = server

@@ -182,7 +182,8 @@ class RegistryStore:
                 report.rejected.append(e)
                 continue
             if tool.name in seen:
-                report.rejected.append(ToolValidationError(tool.name, "$.name", "unique-name", "listed twice in one batch"))
+                report.rejected.append(ToolValidationError(tool.name, "$.name", "unique-name",
+                                                           "listed twice in one batch"))
                 continue
             seen.add(tool.name)
             valid.append(tool)
@@ -190,7 +191,8 @@ class RegistryStore:
         now = time.time()
         with self._write():
             for tool in valid:
-                row = self.db.execute("SELECT server, version, schema_hash FROM tools WHERE name = ?", (tool.name,)).fetchone()
+                row = self.db.execute("SELECT server, version, schema_hash FROM tools WHERE name = ?",
+                                      (tool.name,)).fetchone()
                 if row is not None and row[0] != server:
                     owner = f"server {row[0]!r}" if row[0] else "a file or function source"
                     report.rejected.append(ToolValidationError(
@@ -210,7 +212,8 @@ class RegistryStore:
                     (tool.name, server, version, tool.schema_hash, data, now),
                 )
                 self.db.execute(
-                    "INSERT OR REPLACE INTO tool_versions(tool, version, schema_hash, data, created_at) VALUES (?,?,?,?,?)",
+                    "INSERT OR REPLACE INTO tool_versions(tool, version, schema_hash, data, created_at) "
+                    "VALUES (?,?,?,?,?)",
                     (tool.name, version, tool.schema_hash, data, now),
                 )
                 (report.added if row is None else report.updated).append(tool.name)
@@ -261,7 +264,8 @@ class RegistryStore:
         with self._write():
             self.db.execute(
                 "INSERT INTO artefacts(tool, kind, schema_hash, updated_at) VALUES (?,?,?,?) "
-                "ON CONFLICT(tool, kind) DO UPDATE SET schema_hash=excluded.schema_hash, updated_at=excluded.updated_at",
+                "ON CONFLICT(tool, kind) DO UPDATE SET schema_hash=excluded.schema_hash, "
+                "updated_at=excluded.updated_at",
                 (tool_name, kind, schema_hash, time.time()),
             )
 

@@ -148,7 +148,8 @@ def read_header(path: str | Path) -> dict:
         raise BufferMismatchError(f"{path} has a truncated or unreadable header: delete it and run `nexus slb build`")
     need = max(header[k] + nbytes(header) for k, nbytes in _SECTIONS.items() if k in header) if header["count"] else 0
     if size < need:
-        raise BufferMismatchError(f"{path} is {size} bytes but its header needs {need} (truncated): run `nexus slb build`")
+        raise BufferMismatchError(f"{path} is {size} bytes but its header needs {need} (truncated): "
+                                  "run `nexus slb build`")
     return header
 
 
@@ -193,7 +194,8 @@ class SLBuffer:
                 "rebuild it with `nexus slb build` (or select the matching embedder/recipe)"
             )
         if dim is not None and h["dim"] != dim:
-            raise BufferMismatchError(f"{self.path} holds {h['dim']}-d rows but the embedder makes {dim}-d vectors: rebuild it with `nexus slb build`")
+            raise BufferMismatchError(f"{self.path} holds {h['dim']}-d rows but the embedder makes {dim}-d vectors: "
+                                      "rebuild it with `nexus slb build`")
         n, d, kc = h["count"], h["dim"], h["coarse_dim"]
 
         def _map(dtype, key, shape):  # plain ndarray views of the maps: Numba takes ndarray, not memmap
@@ -204,8 +206,10 @@ class SLBuffer:
         rot = _map("<f4", "rotation_offset", (d, d)) if kc < d else None
         lead, tail = _map(np.int8, "lead_offset", (n, kc)), _map(np.int8, "tail_offset", (n, d - kc))
         self.scales = _map("<f4", "scales_offset", (n,))
-        if _digest(h, b"" if rot is None else rot.tobytes(), lead.tobytes(), tail.tobytes(), self.scales.tobytes()) != h.get("checksum"):
-            raise BufferMismatchError(f"{self.path}: checksum mismatch (corrupted buffer): delete it and run `nexus slb build`")
+        if _digest(h, b"" if rot is None else rot.tobytes(), lead.tobytes(), tail.tobytes(),
+                   self.scales.tobytes()) != h.get("checksum"):
+            raise BufferMismatchError(f"{self.path}: checksum mismatch (corrupted buffer): "
+                                      "delete it and run `nexus slb build`")
         from slb.index import ScanIndex  # slb.index imports the Numba kernels: only when a buffer is opened
 
         self.index = ScanIndex(lead, np.asarray(self.scales, np.float32), tail, rot)

@@ -9,8 +9,8 @@ import numpy as np
 
 from slb.buffer import BufferData, BufferMismatchError, SLBuffer, quantize_rows, write_buffer
 from slb.embedder import Embedder
-from slb.twostage import COARSE_DIM, TWO_STAGE_MIN_ROWS, fit_rotation
 from slb.tools import ToolEntry, as_entry
+from slb.twostage import COARSE_DIM, TWO_STAGE_MIN_ROWS, fit_rotation
 
 
 @dataclass

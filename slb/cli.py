@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b = s.add_parser("build", help="embed the registry's tools into the INT8 buffer (incremental)")
     _embedder_args(b)
     b.set_defaults(func=_build)
-    c = s.add_parser("calibrate", help="fit the margin gate tau, the score floor and the cosine/BM25/cross-encoder weights")
+    c = s.add_parser("calibrate",
+                     help="fit the margin gate tau, the score floor and the cosine/BM25/cross-encoder weights")
     _embedder_args(c)
     c.add_argument("--queries", default=None, help='labelled JSONL {"query", "gold_tool"} (default: synthesized)')
     c.add_argument("--target", type=float, default=0.97, help="auto-routed precision to reach")
@@ -81,7 +82,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     labelled = read_labelled(args.queries) if args.queries else []
     cal = calibrate(registry_tools(), labelled, Embedder(_config(args)), buffer_path(), args.target, args.floor_recall)
     src = args.queries or "synthesized queries"
-    print(f"tau={cal['tau']:.4f} floor={cal['floor']:.4f} lex_weight={cal['lex_weight']:g} ce_weight={cal['ce_weight']:g} "
+    print(f"tau={cal['tau']:.4f} floor={cal['floor']:.4f} "
+          f"lex_weight={cal['lex_weight']:g} ce_weight={cal['ce_weight']:g} "
           f"on {cal['queries']} queries from {src}: "
           f"auto-route rate {cal['auto_rate']:.1%}, precision {cal['auto_precision']:.3f} (target {cal['target']})")
     return 0
@@ -97,6 +99,7 @@ def _train(args: argparse.Namespace) -> int:
     labelled = read_labelled(args.queries) if args.queries else []
     cfg = RerankerTrainConfig(max_steps=args.steps, threads=args.threads)
     meta = train(registry_tools(), Embedder(_config(args)), labelled, cfg, Path(args.out) if args.out else None)
-    verb = "reused" if meta["reused"] else f"trained in {meta['train_s']:.0f} s ({meta['steps']} steps, {meta['pairs']} pairs)"
+    verb = ("reused" if meta["reused"]
+            else f"trained in {meta['train_s']:.0f} s ({meta['steps']} steps, {meta['pairs']} pairs)")
     print(f"reranker {verb}: {meta['path']}")
     return 0

@@ -92,7 +92,8 @@ def gate_stats(margins: np.ndarray, correct: np.ndarray, tau: float) -> dict:
     """auto_rate and auto_precision of a tau on (Q,) margins / correctness."""
     auto = np.asarray(margins) > tau
     n = int(auto.sum())
-    return {"auto_rate": n / max(1, len(auto)), "auto_precision": float(np.asarray(correct)[auto].mean()) if n else float("nan")}
+    return {"auto_rate": n / max(1, len(auto)),
+            "auto_precision": float(np.asarray(correct)[auto].mean()) if n else float("nan")}
 
 
 LEX_WEIGHTS = (0.0, 0.02, 0.04, 0.06, 0.08, 0.10, 0.125, 0.15, 0.20, 0.25, 0.30, 0.40)

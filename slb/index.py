@@ -74,7 +74,8 @@ class ScanIndex:
         if q.dtype != np.float32 or q.ndim != 1 or q.shape[0] != self.dim or not q.flags.c_contiguous:
             q = np.ascontiguousarray(q, np.float32)
             if q.shape != (self.dim,):
-                raise ValueError(f"query dimension {q.shape} does not match the buffer's {self.dim}: was it embedded by the same model?")
+                raise ValueError(f"query dimension {q.shape} does not match the buffer's {self.dim}: "
+                                 "was it embedded by the same model?")
         if self.rotation is None:
             _scan_into(self.lead, self.scales, q, self._q16, self._acc, self._top_s, self._top_i)
         else:

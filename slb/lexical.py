@@ -38,7 +38,8 @@ class LexicalIndex:
     IDF and the mean length taken over the index's rows. `subset(rows)` is the index of some of the rows
     (shares the per-tool counts; document frequencies are summed lazily over the subset, per query term)."""
 
-    def __init__(self, texts: Sequence[str] = (), k1: float = 1.2, b: float = 0.75, *, _counts: list[Counter] | None = None):
+    def __init__(self, texts: Sequence[str] = (), k1: float = 1.2, b: float = 0.75, *,
+                 _counts: list[Counter] | None = None):
         if k1 < 0 or not 0 <= b <= 1:
             raise ValueError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={k1}, b={b}")
         self.k1, self.b = k1, b

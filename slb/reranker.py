@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from registry.atomic import write_atomic
+from slb.buffer import quantize_rows
 from slb.embedder import Embedder, packaged_minilm_path, quiet_model_loading, text_fingerprint
 from slb.scan import scan_batch
-from slb.buffer import quantize_rows
 from slb.synth import synthesize_queries
 from slb.tools import ToolEntry, tool_text
 
@@ -54,13 +54,15 @@ class RerankerTrainConfig:
     threads: int = 1
 
     def __post_init__(self) -> None:
-        for k in ("queries_per_tool", "negatives", "batch_size", "max_steps", "max_length", "labelled_repeats", "threads"):
+        for k in ("queries_per_tool", "negatives", "batch_size", "max_steps", "max_length", "labelled_repeats",
+                  "threads"):
             if getattr(self, k) < 1:
                 raise ValueError(f"RerankerTrainConfig.{k} must be >= 1, got {getattr(self, k)}")
         if not 0 < self.lr < 1:
             raise ValueError(f"lr must be in (0, 1), got {self.lr}")
         if self.listwise < 0 or self.pointwise < 0 or self.listwise + self.pointwise == 0:
-            raise ValueError(f"loss weights must be >= 0 and not both 0, got listwise={self.listwise} pointwise={self.pointwise}")
+            raise ValueError("loss weights must be >= 0 and not both 0, "
+                             f"got listwise={self.listwise} pointwise={self.pointwise}")
 
 
 def registry_fingerprint(tools: list[ToolEntry], recipe: str, labelled: list[tuple[str, str]] = ()) -> str:
@@ -88,7 +90,8 @@ def build_groups(
     groups = []
     for (q, gold), row in zip(queries, ids):
         near = [names[i] for i in row if i >= 0 and names[i] != gold]
-        rand = [n for n in rng.sample(names, min(len(names), 3)) if n != gold and n not in near[: cfg.negatives - 1]][:1]
+        rand = [n for n in rng.sample(names, min(len(names), 3))
+                if n != gold and n not in near[: cfg.negatives - 1]][:1]
         hard = near[: cfg.negatives - len(rand)]  # no random tool found (tiny registries): one more hard negative
         groups.append((q, [texts[n] for n in [gold] + hard + rand]))
     rng.shuffle(groups)
@@ -102,7 +105,8 @@ def group_loss(logits, sizes: list[int], cfg: RerankerTrainConfig):
     loss = logits.new_zeros(())
     groups = torch.split(logits, sizes)
     if cfg.listwise:
-        ce = torch.stack([torch.nn.functional.cross_entropy(g.view(1, -1), g.new_zeros(1, dtype=torch.long)) for g in groups])
+        ce = torch.stack([torch.nn.functional.cross_entropy(g.view(1, -1), g.new_zeros(1, dtype=torch.long))
+                          for g in groups])
         loss = loss + cfg.listwise * ce.mean()
     if cfg.pointwise:
         target = torch.zeros_like(logits)
@@ -141,7 +145,8 @@ def train_reranker(
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     steps = cfg.max_steps  # batches cycle over the shuffled groups (several epochs on small registries)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, steps // 10)) * max(0.0, 1 - s / steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, steps // 10)) * max(0.0, 1 - s / steps))
     bar = tqdm(range(steps), desc="train-reranker", disable=not progress, unit="step")
     losses, pairs = [], 0
     for step in bar:
@@ -200,7 +205,8 @@ class Reranker:
     def __init__(self, path: str | Path, max_length: int | None = None, threads: int | None = None):
         path = Path(path)
         if not path.is_dir():
-            raise FileNotFoundError(f"no cross-encoder at {path}: train one with `nexus slb train-reranker` or pass a CrossEncoder folder")
+            raise FileNotFoundError(f"no cross-encoder at {path}: train one with `nexus slb train-reranker` "
+                                    "or pass a CrossEncoder folder")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
         from sentence_transformers import CrossEncoder

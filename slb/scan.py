@@ -139,7 +139,8 @@ def _check(m8: np.ndarray, scales: np.ndarray, d: int, k: int) -> int:
     if m8.ndim != 2 or m8.dtype != np.int8:
         raise ValueError(f"buffer matrix must be (N, D) int8, got {m8.shape} {m8.dtype}")
     if m8.shape[1] != d:
-        raise ValueError(f"query dimension {d} does not match the buffer's {m8.shape[1]}: was it embedded by the same model?")
+        raise ValueError(f"query dimension {d} does not match the buffer's {m8.shape[1]}: "
+                         "was it embedded by the same model?")
     if scales.shape != (m8.shape[0],):
         raise ValueError(f"scales must be ({m8.shape[0]},), got {scales.shape}")
     if k < 1:
@@ -165,7 +166,8 @@ def scan_batch(
     if backend == "numpy":
         mat = f32 if f32 is not None else m8.astype(np.float32) * scales[:, None]
         s = queries @ mat.T  # (B, N)
-        part = np.argpartition(-s, k - 1, axis=1)[:, :k] if k < s.shape[1] else np.tile(np.arange(s.shape[1]), (len(s), 1))
+        part = (np.argpartition(-s, k - 1, axis=1)[:, :k] if k < s.shape[1]
+                else np.tile(np.arange(s.shape[1]), (len(s), 1)))
         ps = np.take_along_axis(s, part, axis=1)
         order = np.argsort(-ps, axis=1, kind="stable")
         return np.take_along_axis(ps, order, axis=1), np.take_along_axis(part, order, axis=1).astype(np.int64)

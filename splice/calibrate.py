@@ -70,7 +70,8 @@ class CalibrationConfig:
 CALL_COST = 8  # token-forward equivalents charged for the extra forward call a tail repair makes
 
 
-def candidates(config: CalibrationConfig, n_tokens: int, n_layers: int, can_blend: bool) -> list[tuple[str, RepairPlan, list[int]]]:
+def candidates(config: CalibrationConfig, n_tokens: int, n_layers: int,
+               can_blend: bool) -> list[tuple[str, RepairPlan, list[int]]]:
     """(table key, plan, curve entry after the depth) cheapest first; cost in token-forward equivalents for a
     block of `n_tokens`: head h costs h, a tail t adds t + CALL_COST; blend adds one layer over the block
     (n_tokens / n_layers) plus the recomputed share."""
@@ -99,7 +100,8 @@ def _score(refs, outs, margin) -> dict:
 def _measure(refs, runners, blocks, plan, margin) -> dict:
     """`_score` and the mean TTFT of one variant over the cases."""
     runs = [r.run(blocks[r.case.tool.name] if blocks else None, plan) for r in runners]
-    return {**_score(refs, [logits for logits, _, _ in runs], margin), "ttft_ms": float(np.mean([ms for _, ms, _ in runs]))}
+    return {**_score(refs, [logits for logits, _, _ in runs], margin),
+            "ttft_ms": float(np.mean([ms for _, ms, _ in runs]))}
 
 
 def _sweep(config, depth, text, row, refs, runners, blocks, cands, bar_kl, bar_top1) -> None:
@@ -142,7 +144,8 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
     curve, table, options, max_depth = [], {}, {}, -1
     for depth in sorted(config.depths):
         blocks = by_context[context_for(depth)]
-        runners = [CaseRunner(backend, make_case(backend.tokenizer, t, depth, config.seed + i)) for i, t in enumerate(tools)]
+        runners = [CaseRunner(backend, make_case(backend.tokenizer, t, depth, config.seed + i))
+                   for i, t in enumerate(tools)]
         try:
             refs = [r.reference() for r in runners]
             # text: TTFT of the segment in one batch (the speed baseline), fidelity of the noise floor
@@ -167,7 +170,8 @@ def calibrate(backend, tools, config: CalibrationConfig | None = None, root=None
                   "min_speedup": config.floor_at(depth), "text_kl": text["kl"]}
         chosen = fit_length(option, n_tokens) if passing else None  # the pick at calibration's own block length
         log(f"depth {depth}: text kl={text['kl']:.4f} top1={text['top1']:.2f}; "
-            + ", ".join(f"{k} kl={v['kl']:.4f} top1={v['top1']:.2f}/{v['top1_decisive']:.2f}" for k, v in row.items() if k != "text" and isinstance(v, dict))
+            + ", ".join(f"{k} kl={v['kl']:.4f} top1={v['top1']:.2f}/{v['top1_decisive']:.2f}"
+                        for k, v in row.items() if k != "text" and isinstance(v, dict))
             + f" -> {plan_key(*chosen) if chosen else 'text fallback'}")
         if chosen is None:
             break

@@ -65,7 +65,8 @@ def header_for(backend, tool: Tool, anchor: int, preamble: list[int], context: l
     }
 
 
-def compile_blocks(backend, tools: Iterable[Tool], config: CompileConfig | None = None, progress: bool = True) -> list[Path]:
+def compile_blocks(backend, tools: Iterable[Tool], config: CompileConfig | None = None,
+                   progress: bool = True) -> list[Path]:
     """Compile the blocks of each tool, one per context; returns the written paths (tool-major order).
     Raises ValueError for oversized tools."""
     config = config or CompileConfig()
@@ -91,7 +92,8 @@ def compile_blocks(backend, tools: Iterable[Tool], config: CompileConfig | None 
                 session.prefill(seg)
                 kv = session.export_kv(m0, m0 + len(seg))
                 session.remove(m0, session.n_past)
-                written[i, c] = write_block(block_path(backend, tool, root, c), header_for(backend, tool, m0, pre, ctx), kv)
+                written[i, c] = write_block(block_path(backend, tool, root, c),
+                                            header_for(backend, tool, m0, pre, ctx), kv)
                 bar.update()
     finally:
         bar.close()

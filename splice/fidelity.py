@@ -55,7 +55,8 @@ def make_case(tokenizer, tool: Tool, depth: int, seed: int = 0, system: str | No
     desc = (tool.description or tool.name).split(".")[0][:120]
     user = user_turn_tokens(tokenizer, f"Please call {tool.name} for me: {desc}.")
     answer = tokenizer.encode('{"name": "' + tool.name + '", "arguments": {', special=False)[: N_POSITIONS - 1]
-    return Case(tool, pre + history_tokens(tokenizer, depth, seed), len(pre), segment_tokens(tokenizer, tool), user, answer)
+    return Case(tool, pre + history_tokens(tokenizer, depth, seed), len(pre), segment_tokens(tokenizer, tool),
+                user, answer)
 
 
 def kl_top1(ref: np.ndarray, out: np.ndarray) -> tuple[float, float]:

@@ -38,7 +38,8 @@ class RepairPlan:
         if self.n < 0:
             raise ValueError(f"RepairPlan.n must be >= 0 tokens, got {self.n}")
         if not 0.0 <= self.frac <= 1.0 or (self.mode == "blend") != (self.frac > 0):
-            raise ValueError(f"RepairPlan.frac must be in (0, 1] for blend and 0 otherwise, got {self.mode} {self.frac}")
+            raise ValueError("RepairPlan.frac must be in (0, 1] for blend and 0 otherwise, "
+                             f"got {self.mode} {self.frac}")
         if self.tail < 0 or self.tail and self.mode != "head":
             raise ValueError(f"RepairPlan.tail must be >= 0 tokens, and only a head repair has one; "
                              f"got {self.mode} {self.tail}")
@@ -115,7 +116,8 @@ class SpliceProfile:
         for d, *_ in self.curve:
             o = self.options.get(str(d))
             floor = f" (floor {o['min_speedup']:.2f}x, {len(o['plans'])} passing plans)" if o else ""
-            lines.append(f"depth <= {d}{floor}: " + ", ".join(f"{n} tokens -> {label(self.plan_for(d, n))}" for n in lengths))
+            lines.append(f"depth <= {d}{floor}: "
+                         + ", ".join(f"{n} tokens -> {label(self.plan_for(d, n))}" for n in lengths))
         return lines
 
     def save(self) -> Path:

@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 
 import native  # noqa: F401  (first: MLX must bind its BLAS symbols to OpenBLAS, see native.blas)
-import mlx.core as mx  # noqa: E402
+
+# isort: split
+import mlx.core as mx
 from threadpoolctl import threadpool_limits
 
 from nexus_agent.eviction.certifier import Certifier

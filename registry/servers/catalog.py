@@ -15,6 +15,7 @@ from pathlib import Path
 from registry.model import Tool, ToolValidationError, canonical_json, check_name
 from registry.servers.runtime import PAGE_SIZE, Handler, serve
 
+
 def answer(tool_name: str):
     def run(arguments: dict) -> dict:
         digest = hashlib.sha256(canonical_json({"tool": tool_name, "arguments": arguments}).encode()).hexdigest()

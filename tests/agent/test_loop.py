@@ -72,7 +72,8 @@ def test_crash_hang_and_invalid_output_are_observations_and_session_continues(ag
 def test_split_steps_and_validate():
     from nexus_agent.loop import split_steps, validate
 
-    assert split_steps("add 2 and 3, then multiply 4 by 5; then say hi", 4) == ["add 2 and 3", "multiply 4 by 5", "say hi"]
+    assert split_steps("add 2 and 3, then multiply 4 by 5; then say hi", 4) == [
+        "add 2 and 3", "multiply 4 by 5", "say hi"]
     assert split_steps("a then b then c", 2) == ["a", "b then c"]
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     assert validate('{"a": 1}', schema) == ({"a": 1}, None)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nexus_agent.eviction import POLICIES, EvictingSession, EvictionConfig
 from evals.eviction_traces import make_trace, needle_positions
+from nexus_agent.eviction import POLICIES, EvictingSession, EvictionConfig
 
 CFG = dict(budget=64, block=16, sinks=4, recent=16, window=8)
 

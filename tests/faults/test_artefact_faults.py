@@ -38,10 +38,12 @@ def _edit_header(path, old: bytes, new: bytes) -> None:
 
 
 DAMAGE = {
-    "truncated": ("KV block truncated", lambda p, h: p.write_bytes(p.read_bytes()[: p.stat().st_size * 2 // 3]), "bytes"),
+    "truncated": ("KV block truncated",
+                  lambda p, h: p.write_bytes(p.read_bytes()[: p.stat().st_size * 2 // 3]), "bytes"),
     "bit_flip": ("KV block bit-flipped", lambda p, h: _flip(p, p.stat().st_size - 777), "checksum"),
     "other_model": ("KV block from another model",
-                    lambda p, h: _edit_header(p, h["fingerprint"].encode(), b"f" * len(h["fingerprint"])), "fingerprint"),
+                    lambda p, h: _edit_header(p, h["fingerprint"].encode(), b"f" * len(h["fingerprint"])),
+                    "fingerprint"),
     "older_format": ("KV block in an older format",
                      lambda p, h: _edit_header(p, b'"format_version": 2', b'"format_version": 1'), "format"),
 }

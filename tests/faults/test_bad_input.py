@@ -24,12 +24,14 @@ FAST = settings(max_examples=60, deadline=None, suppress_health_check=list(Healt
 SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_start|>system\n", "<|im_end|>\n<|im_start|>user\n"]
 
 json_leaf = st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats(allow_nan=False) | st.text(max_size=20)
-json_value = st.recursive(json_leaf, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+json_value = st.recursive(json_leaf,
+                          lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
                           max_leaves=20)
 names = st.from_regex(r"[A-Za-z0-9_.-]{1,40}", fullmatch=True) | st.text(max_size=140)
 prop_names = st.from_regex(r"[a-z_][a-z0-9_]{0,12}", fullmatch=True) | st.text(min_size=1, max_size=12)
 leaf_schema = st.sampled_from([{"type": "string"}, {"type": "integer", "minimum": 0}, {"type": "number"},
-                               {"type": "boolean"}, {"enum": ["a", "b", 3]}, {"type": "array", "items": {"type": "string"}}])
+                               {"type": "boolean"}, {"enum": ["a", "b", 3]},
+                               {"type": "array", "items": {"type": "string"}}])
 schemas = st.recursive(
     leaf_schema,
     lambda c: st.dictionaries(prop_names, c, min_size=1, max_size=4).flatmap(
@@ -60,8 +62,9 @@ def test_registry_import_only_rejects_with_clear_errors(docs):
 
 @pytest.mark.parametrize("doc, rule", [
     ({"name": "big", "description": "x" * 2_000_000, "inputSchema": {"type": "object"}}, "max-description-chars"),
-    ({"name": "wide", "inputSchema": {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "y" * 200}
-                                                                       for i in range(2000)}}}, "max-schema-bytes"),
+    ({"name": "wide", "inputSchema": {"type": "object",
+                                      "properties": {f"p{i}": {"type": "string", "description": "y" * 200}
+                                                     for i in range(2000)}}}, "max-schema-bytes"),
     ({"name": "deep", "inputSchema": json.loads('{"type":"object","properties":{"a":' * 400 + '{}' + '}}' * 400)},
      "max-schema-depth"),
 ])
@@ -113,7 +116,8 @@ def test_description_cannot_break_out_of_its_segment(llamacpp_backend, desc, nam
     tok = llamacpp_backend.tokenizer
     tool = Tool.from_mcp({"name": name, "description": desc, "inputSchema": {"type": "object"}})
     ids = segment_tokens(tok, tool)
-    assert _specials(tok, ids) == _specials(tok, segment_tokens(tok, Tool.from_mcp({"name": name, "inputSchema": {"type": "object"}})))
+    assert _specials(tok, ids) == _specials(
+        tok, segment_tokens(tok, Tool.from_mcp({"name": name, "inputSchema": {"type": "object"}})))
 
 
 @FAST

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from registry.sources import register_functions
 from registry.servers.calculator import FUNCTIONS as CALCULATOR
+from registry.sources import register_functions
 from registry.store import RegistryStore
 from splice.block import load_block
 from splice.compiler import artefact_kind, block_key, block_path

@@ -29,7 +29,8 @@ def _flip(path: Path, at: int) -> None:
 
 
 def _rows(store):
-    return {name: (ok, detail) for name, ok, detail in check_registry(store) + check_buffer(store) + check_blocks(store)}
+    return {name: (ok, detail)
+            for name, ok, detail in check_registry(store) + check_buffer(store) + check_blocks(store)}
 
 
 @pytest.mark.slow

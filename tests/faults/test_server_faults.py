@@ -27,7 +27,8 @@ def echo_ok(p: ServerPool, text: str = "still here"):
 
 
 def test_crash_at_start(fault):
-    f = fault("server exits at start", "nexus_agent.servers", "server_error observation naming the server; no exception")
+    f = fault("server exits at start", "nexus_agent.servers",
+              "server_error observation naming the server; no exception")
     with pool(f"{CMD} --crash-at-start", start_timeout_s=10) as p:
         obs = p.call("echo", {"text": "hi"})
         assert obs.status == "server_error" and "faulty" in obs.text
@@ -70,7 +71,8 @@ def test_hung_tool_times_out(fault):
 
 
 def test_garbage_on_protocol_stream(fault):
-    f = fault("server writes garbage to stdout", "registry.client", "garbage line ignored or server_error; session goes on")
+    f = fault("server writes garbage to stdout", "registry.client",
+              "garbage line ignored or server_error; session goes on")
     with pool(call_timeout_s=10) as p:
         obs = p.call("garbage", {})
         assert obs.status in ("ok", "server_error"), obs

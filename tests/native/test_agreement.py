@@ -7,7 +7,6 @@ products while MLX dequantizes the weights and runs float32. The bounds below si
 
 import numpy as np
 import pytest
-
 from corpus_data import PROMPTS, teacher_forced
 
 

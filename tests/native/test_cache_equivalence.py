@@ -7,7 +7,6 @@ by more than twice that drift (a near-tie may flip on another CPU's kernels). Me
 """
 
 import numpy as np
-
 from corpus_data import PROMPTS, teacher_forced
 
 KL_BOUND = 0.01  # nats, llama.cpp only

@@ -1,7 +1,6 @@
 """The MLX cache's contract for eviction: explicit positions, per-key additive bias, real compaction, query hook."""
 
 import numpy as np
-
 from corpus_data import PROMPTS, teacher_forced
 
 

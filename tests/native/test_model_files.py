@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from native import ModelError, list_backends, load_backend  # first: it points MLX at OpenBLAS (native.blas)
-import mlx.core as mx  # noqa: E402
 from native.model_files import default_model_path
+
+# isort: split
+import mlx.core as mx
 
 
 def _write_gguf(path, metadata: dict[str, str]) -> None:

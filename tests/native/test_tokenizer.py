@@ -50,7 +50,8 @@ def test_chat_template_same_on_both_backends_and_llama_cpp_python(mlx_backend, l
     a = mlx_backend.tokenizer.apply_chat_template(msgs)
     b = llamacpp_backend.tokenizer.apply_chat_template(msgs)
     tok = llamacpp_backend.tokenizer
-    ref = Jinja2ChatFormatter(template=tok.chat_template, eos_token=tok.eos_token, bos_token=tok.bos_token)(messages=msgs)
+    ref = Jinja2ChatFormatter(template=tok.chat_template, eos_token=tok.eos_token,
+                              bos_token=tok.bos_token)(messages=msgs)
     assert a == b == ref.prompt
     assert a.endswith("<|im_start|>assistant\n")
     assert mlx_backend.tokenizer.encode_chat(msgs) == llamacpp_backend.tokenizer.encode_chat(msgs)

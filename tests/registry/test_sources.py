@@ -14,7 +14,6 @@ from registry.decorator import tool
 from registry.sources import load_tool_file, register_file, register_functions, register_server
 
 
-
 def run_python(code: str, timeout: float = 60) -> str:
     """Run `code` in a fresh interpreter (repo as cwd); return its stdout, failing the test on error."""
     import subprocess

@@ -117,7 +117,8 @@ def test_two_processes_registering_at_once_lose_nothing(tmp_path):
     path = tmp_path / "registry.sqlite"
     RegistryStore(path).close()
     script = WRITER.format()
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(path), tag], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(path), tag],
+                              cwd=REPO, stderr=subprocess.PIPE, text=True)
              for tag in ("p", "q")]
     for p in procs:
         _, err = p.communicate(timeout=120)
@@ -126,7 +127,8 @@ def test_two_processes_registering_at_once_lose_nothing(tmp_path):
         names = {t.name for t in s.list_tools()}
         assert names == {f"{tag}_{i}_{j}" for tag in "pq" for i in range(60) for j in range(5)} | {"shared"}
         # "shared" changed on every write that was not a no-op: versions are gapless 1..n
-        versions = [v for (v,) in s.db.execute("SELECT version FROM tool_versions WHERE tool='shared' ORDER BY version")]
+        versions = [v for (v,) in s.db.execute("SELECT version FROM tool_versions WHERE tool='shared' "
+                                               "ORDER BY version")]
         assert versions == list(range(1, len(versions) + 1)) and s.tool_version("shared") == versions[-1]
         assert len(versions) >= 60
     db = sqlite3.connect(path)

@@ -34,7 +34,8 @@ def test_routing_eval_keys_and_no_fitting_on_scored_queries(tmp_path):
     assert res["cross_fit"] and res["calib_queries"] == 0
     for n in ("4", "12"):
         row = res["sizes"][n]
-        for key in ("top1_embed", "top1_int8", "top1_routed", "auto_rate", "auto_precision", "none_precision", "route_ms_p50"):
+        for key in ("top1_embed", "top1_int8", "top1_routed", "auto_rate", "auto_precision", "none_precision",
+                    "route_ms_p50"):
             assert key in row
         assert 0.8 <= row["top1_embed"] <= 1 and abs(row["top1_int8"] - row["top1_embed"]) <= 1 / 12
     assert (tmp_path / "acc.png").stat().st_size > 5000

@@ -20,8 +20,10 @@ from .conftest import QUERIES, TOOLS
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "routing"
 # a public query the scan gets wrong at 250 tools (find_flights by 0.016 cosine) and BM25 fixes ("book", "flight")
-QUERY = "Can you arrange a flight for me from New York, NY to Paris with a departure on the 20th of June 2022 at 5 in the afternoon?"
-REGISTRY = ["find_flights", "book_flight", "concert_ticket.buy", "location.get_travel_time", "calculate_sunrise_and_sunset"]
+QUERY = ("Can you arrange a flight for me from New York, NY to Paris with a departure on the 20th of June 2022 "
+         "at 5 in the afternoon?")
+REGISTRY = ["find_flights", "book_flight", "concert_ticket.buy", "location.get_travel_time",
+            "calculate_sunrise_and_sunset"]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,8 @@ def test_bm25_idf_comes_from_the_registry_rows(catalogue):
     assert ix.subset([1, 2, 3]).idf("flight") > ix.idf("flight")
     # a subset scores exactly as an index built from those texts alone
     rows = [4, 1, 3]
-    assert np.allclose(ix.subset(rows).scores(QUERY, [0, 1, 2]), LexicalIndex([texts[i] for i in rows]).scores(QUERY, [0, 1, 2]))
+    assert np.allclose(ix.subset(rows).scores(QUERY, [0, 1, 2]),
+                       LexicalIndex([texts[i] for i in rows]).scores(QUERY, [0, 1, 2]))
     # BM25 saturates in term frequency and normalizes by length
     short, long_ = LexicalIndex(["hotel booking", "hotel booking " + "misc words here " * 10]).scores("hotel", [0, 1])
     assert short > long_ > 0
@@ -132,8 +135,9 @@ def test_schema_recipe_embeds_descriptions_and_enums_of_top_level_parameters():
         "note": {"type": "string"},
         "cabin": {"type": "string", "description": "Travel class of the ticket.", "enum": ["Economy", "Business"]},
         "passenger": {"type": "object", "properties": {"frequent_flyer_id": {"type": "string"}}}}})
+    # required first, as `required` lists them
     assert tool_text(t, "schema") == ("book seat: Reserve a seat. Parameters: passenger; cabin (Travel class of the "
-                                      "ticket) one of Economy, Business; note.")  # required first, as `required` lists them
+                                      "ticket) one of Economy, Business; note.")
     assert tool_text(ToolEntry("ping", "Check."), "schema") == "ping: Check."
     with pytest.raises(ValueError, match="unknown tool text recipe"):
         tool_text(t, "everything")

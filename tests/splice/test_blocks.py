@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from splice_fixtures import TOOL
 
 from registry.model import Tool
 from splice.block import BlockError, BlockKey, load_block
@@ -11,7 +12,7 @@ from splice.compiler import block_key, block_path, compile_blocks
 from splice.profile import RepairPlan, SpliceProfile
 from splice.prompt import segment_tokens
 from splice.splicer import splice_tool
-from splice_fixtures import TOOL
+
 
 @pytest.fixture
 def mlx_block(mlx_backend, nexus_home):

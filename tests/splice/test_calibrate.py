@@ -1,10 +1,10 @@
 """`splice.calibrate` on the real llama.cpp backend: what it measures and the curve it derives from that."""
 
 import pytest
+from splice_fixtures import TOOL
 
 from splice.calibrate import CalibrationConfig, calibrate, candidates
 from splice.profile import RepairPlan, SpliceProfile, fit_length, plan_key
-from splice_fixtures import TOOL
 
 
 def test_calibration_curve_follows_its_own_measurements(llamacpp_backend):

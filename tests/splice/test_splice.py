@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from splice_fixtures import TOOL
 
 from registry.store import RegistryStore
 from splice.block import load_block
@@ -15,7 +16,6 @@ from splice.fidelity import CaseRunner, kl_top1, make_case
 from splice.profile import RepairPlan, SpliceProfile, load_profile
 from splice.prompt import CONTEXTS, context_for
 from splice.splicer import splice_tool
-from splice_fixtures import TOOL
 
 
 def _block(backend):

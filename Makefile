@@ -10,7 +10,7 @@ UNAME := $(shell uname -s)
 # MLX's Linux CPU wheel bundles the reference BLAS (~30x slower matmuls); native/blas.py loads this one instead.
 OPENBLAS := /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3
 
-.PHONY: demo test test-fast install clean-venv system-deps
+.PHONY: demo test test-fast lint install clean-venv system-deps
 
 install: $(STAMP)
 
@@ -37,11 +37,14 @@ endif
 demo: $(STAMP)
 	$(VENV)/bin/nexus demo
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest
 
-test-fast: $(STAMP)
+test-fast: lint
 	$(PY) -m pytest -m "not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 clean-venv:
 	rm -rf $(VENV)

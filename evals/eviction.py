@@ -11,7 +11,9 @@ BUDGETS = (0.125, 0.25, 0.5)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="one replay trace, two recall traces, three recall policies, 3 survival repeats without the redraw ablation (< 10 min on 2 cores)")
+    p.add_argument("--quick", action="store_true",
+                   help="one replay trace, two recall traces, three recall policies, 3 survival repeats without the "
+                        "redraw ablation (< 10 min on 2 cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default=None,
                    help="PNG path for error, certificate coverage and recall vs budget (default: next to --json)")
@@ -31,11 +33,11 @@ def _variants():
 def run(args: argparse.Namespace) -> dict:
     from threadpoolctl import threadpool_limits
 
-    from native import load_backend
-    from nexus_agent.eviction import make_policy
     from evals.eviction_replay import capture, replay, spearman
     from evals.eviction_runtime import decode_overhead, fact_recall, needle_survival
     from evals.eviction_traces import make_trace, needle_positions
+    from native import load_backend
+    from nexus_agent.eviction import make_policy
 
     t_start = time.perf_counter()
     backend = load_backend("mlx")
@@ -55,8 +57,8 @@ def run(args: argparse.Namespace) -> dict:
     result["config"]["prompt_tokens"] = [c.n_prompt for c in caps]
     variants = _variants()
     for level, block, names in (("budgets", 32, list(variants)),
-                                ("budgets_token_level", 1, ["snapkv", "reservoir", "certified", "certified_topk", "certified_no_offset",
-                                                            "certified_poisson"])):
+                                ("budgets_token_level", 1, ["snapkv", "reservoir", "certified", "certified_topk",
+                                                            "certified_no_offset", "certified_poisson"])):
         cert_key = "certificate" if block == 32 else "certificate_token_level"
         for b in BUDGETS:
             row = result[level].setdefault(str(b), {})
@@ -123,7 +125,8 @@ def _print(result: dict) -> None:
     for level in ("budgets", "budgets_token_level"):
         print(f"\n{level}: median / p90 relative attention error")
         for b, row in result[level].items():
-            print(f"  budget {b}: " + ", ".join(f"{k} {v['median_rel_err']:.4f}/{v['p90_rel_err']:.3f}" for k, v in row.items()))
+            print(f"  budget {b}: "
+                  + ", ".join(f"{k} {v['median_rel_err']:.4f}/{v['p90_rel_err']:.3f}" for k, v in row.items()))
     for key in ("certificate", "certificate_token_level"):
         print(key, {b: (round(v["coverage"], 3), round(v["spearman"], 3)) for b, v in result[key].items()})
     for label, s in result["survival"].items():

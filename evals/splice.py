@@ -8,8 +8,9 @@ batch, the speed baseline, whose own fidelity (bit-exact on llama.cpp, ~1e-11 na
 `batched_top1`. `suffix` (the reference design: re-decode the last 25%) and `blend` (CacheBlend-style: recompute
 the 15% of block tokens whose layer-1 K/V deviate most, on backends with `can_recompute_kv`) are reported too.
 `roundtrip` is the floor of any splice that is not bit-exact: the segment's exact KV (prefilled in the case's own
-context) re-anchored one position later and back, which perturbs only the rounding of its keys (no TTFT). `top1_decisive` is the top-1
-agreement on the positions where the reference's top-1 leads by >= 0.5 logit (a flip at a near-tie says little).
+context) re-anchored one position later and back, which perturbs only the rounding of its keys (no TTFT).
+`top1_decisive` is the top-1 agreement on the positions where the reference's top-1 leads by >= 0.5 logit (a flip
+at a near-tie says little).
 Eval tools are sampled with a seed disjoint from calibration. `--calibrate` runs `nexus splice calibrate` first.
 """
 
@@ -73,7 +74,8 @@ def run_backend(name: str, args) -> dict:
     tools = sample_tools(args.tool_file, backend.tokenizer, args.n_tools, seed=args.seed)
     compile_blocks(backend, tools, progress=False)
     out = {"profile": {"curve": profile.curve, "max_depth": profile.max_depth, "calibrated": bool(profile.measured),
-                       "calibration_tools": args.calib_tools if args.calibrate else None, "block_contexts": list(CONTEXTS)},
+                       "calibration_tools": args.calib_tools if args.calibrate else None,
+                       "block_contexts": list(CONTEXTS)},
            "tools": [t.name for t in tools], "depths": {}}
     for depth in depths:
         acc, batched = {v: [] for v in VARIANTS}, []
@@ -85,7 +87,8 @@ def run_backend(name: str, args) -> dict:
             try:
                 ref = runner.reference()
                 keep = decisive(ref, CalibrationConfig.decisive_margin)  # the positions calibration checks
-                runs = {v: runner.run(kv, plan) for v, plan in _plans(backend, profile, depth, n_tokens).items() if plan}
+                plans = _plans(backend, profile, depth, n_tokens)
+                runs = {v: runner.run(kv, plan) for v, plan in plans.items() if plan}
                 runs["roundtrip"] = (runner.roundtrip(), np.nan, 0)  # the floor: no TTFT, nothing re-decoded
                 # text: fidelity of the segment prefilled in one-token batches (the noise floor), TTFT of one batch
                 batched.append(kl_top1(ref, runs["text"][0]))
@@ -102,8 +105,9 @@ def run_backend(name: str, args) -> dict:
                 continue
             a = np.array(vals, dtype=np.float64)
             kl, top1, ms, frac = a[:, :4].mean(0)
-            row[v] = {"kl": float(kl), "top1": float(top1), "ttft_ms": float(ms) if ms == ms else None, "redecode_frac": float(frac),
-                      "top1_decisive": float(a[:, 4].sum() / max(1.0, a[:, 5].sum())), "decisive_positions": int(a[:, 5].sum())}
+            row[v] = {"kl": float(kl), "top1": float(top1), "ttft_ms": float(ms) if ms == ms else None,
+                      "redecode_frac": float(frac), "top1_decisive": float(a[:, 4].sum() / max(1.0, a[:, 5].sum())),
+                      "decisive_positions": int(a[:, 5].sum())}
         row["repaired"]["speedup"] = row["text"]["ttft_ms"] / row["repaired"]["ttft_ms"]
         row["text"]["batched_kl"], row["text"]["batched_top1"] = map(float, np.mean(batched, axis=0))
         out["depths"][str(depth)] = row
@@ -118,8 +122,8 @@ def run_backend(name: str, args) -> dict:
 def run(args) -> dict:
     if not Path(args.tool_file).is_file():
         raise FileNotFoundError(f"--tool-file {args.tool_file}: no such file")
-    result = {"backends": {}, "config": {"depths": args.depths, "n_tools": args.n_tools, "calib_tools": args.calib_tools,
-                                         "seed": args.seed}}
+    result = {"backends": {}, "config": {"depths": args.depths, "n_tools": args.n_tools,
+                                         "calib_tools": args.calib_tools, "seed": args.seed}}
     for name in args.backend.split(","):
         result["backends"][name] = run_backend(name, args)
     if args.plot:

@@ -1,4 +1,5 @@
-"""Generation in three layers: `generate_step` (token ids) -> `stream_generate` (GenerationResponse) -> `generate` (str)."""
+"""Generation in three layers: `generate_step` (token ids) -> `stream_generate` (GenerationResponse) ->
+`generate` (str)."""
 
 from __future__ import annotations
 

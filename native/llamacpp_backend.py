@@ -14,9 +14,9 @@ from __future__ import annotations
 import ctypes
 import os
 
-import numpy as np
 import llama_cpp
 import llama_cpp._logger
+import numpy as np
 from llama_cpp import llama_cpp as C
 
 from native.base import BackendError, KVRange, KVSession, ModelError, ModelInfo, as_token_list

@@ -6,10 +6,8 @@ re-anchors them with one rotation, eviction compacts the cache and biases keys, 
 
 from __future__ import annotations
 
+import mlx.core as mx  # importing this package (native/__init__) first bound MLX's BLAS to OpenBLAS
 import numpy as np
-
-import native  # noqa: F401  (OpenBLAS before MLX on Linux)
-import mlx.core as mx
 
 from native.base import BackendError, KVRange, KVSession, ModelInfo, as_token_list
 from native.mlx_cache import KVCache

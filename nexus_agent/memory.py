@@ -4,7 +4,8 @@
 that extends the previous one costs only its new tokens. The budget (`kv_budget` tokens) is enforced before a
 prefill: when an eviction manager is available (`nexus_agent.eviction`, see `attach_eviction`) it decides;
 without a budget or without the package the fallback is a re-prefill from a shortened transcript (the
-caller drops the oldest turns), which is always correct but costs a prefill. Every decision is reported to the trace as a `memory` event.
+caller drops the oldest turns), which is always correct but costs a prefill. Every decision is reported to the
+trace as a `memory` event.
 """
 
 from __future__ import annotations

@@ -91,6 +91,18 @@ class EvictingSession:
         self._after_forward(first=self.budget is None)
         return out
 
+    def export_kv(self, start: int, end: int):
+        return self.inner.export_kv(start, end)
+
+    def import_kv(self, kv, span: tuple[int, int] | None = None, rotate: bool = True) -> None:
+        """Splice `kv` in (see `native.base.KVSession`); its slots enter with π = 1. No eviction here: a splice
+        is several steps (insert, repair), so the budget is checked at the next forward pass."""
+        self.inner.import_kv(kv, span, rotate)
+        self.sync()
+
+    def recompute_kv(self, start: int, end: int, frac: float) -> np.ndarray:
+        return self.inner.recompute_kv(start, end, frac)
+
     def remove(self, start: int, end: int) -> None:
         """Drop positions [start, end) without spilling them (rewinding a probe), keeping per-slot state aligned."""
         pos = self.cache.positions

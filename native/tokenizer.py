@@ -20,7 +20,7 @@ from typing import Sequence
 
 import jinja2
 import jinja2.sandbox
-from tokenizers import Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from native.base import ModelError
@@ -31,28 +31,86 @@ _LLAMA3 = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
     r"""|\s+(?!\S)|\s+"""
 )
-PRE_TOKENIZERS: dict[str, tuple[bool, str]] = {  # name -> (split digits one by one first, regex)
-    "default": (False, _GPT2),
-    "gpt2": (False, _GPT2),
-    "smollm": (True, _GPT2),
-    "starcoder": (True, _GPT2),
-    "refact": (True, _GPT2),
-    "llama3": (False, _LLAMA3),
-    "llama-bpe": (False, _LLAMA3),
+# Qwen2: as Llama 3 but every digit is its own word.
+_QWEN2 = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
+    r"""|\s+(?!\S)|\s+"""
+)
+# Qwen3.5: as Qwen2 but combining marks (\p{M}) stay inside letter runs.
+_QWEN35 = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    """How llama.cpp splits text into words before byte-level BPE merges them."""
+
+    pattern: str  # the split regex
+    split_digits: bool = False  # split every digit off first (starcoder-style)
+    ignore_merges: bool = False  # a word that is itself a token is kept whole (llama3-style)
+
+
+_GPT2_PRE, _DIGITS_PRE = PreTokenizer(_GPT2), PreTokenizer(_GPT2, split_digits=True)
+_LLAMA3_PRE, _QWEN2_PRE = PreTokenizer(_LLAMA3, ignore_merges=True), PreTokenizer(_QWEN2)
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    "default": _GPT2_PRE, "gpt2": _GPT2_PRE, "gpt-2": _GPT2_PRE, "phi-2": _GPT2_PRE, "mpt": _GPT2_PRE,
+    "olmo": _GPT2_PRE, "jais": _GPT2_PRE,
+    "smollm": _DIGITS_PRE, "starcoder": _DIGITS_PRE, "refact": _DIGITS_PRE, "command-r": _DIGITS_PRE,
+    "codeshell": _DIGITS_PRE, "exaone": _DIGITS_PRE, "minerva-7b": _DIGITS_PRE,
+    "llama3": _LLAMA3_PRE, "llama-v3": _LLAMA3_PRE, "llama-bpe": _LLAMA3_PRE, "falcon3": _LLAMA3_PRE,
+    "dbrx": PreTokenizer(_LLAMA3), "smaug-bpe": PreTokenizer(_LLAMA3),
+    "qwen2": _QWEN2_PRE, "deepseek-r1-qwen": _QWEN2_PRE, "stablelm2": _QWEN2_PRE, "megrez": _QWEN2_PRE,
+    "qwen35": PreTokenizer(_QWEN35),
 }
+TOKENIZER_MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece BPE"}
 CONTROL, USER_DEFINED = 3, 4  # GGUF token types that are matched as whole special tokens
 
 
 def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], pre: str) -> HFTokenizer:
-    split_digits, pattern = PRE_TOKENIZERS[pre]
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
+    spec = PRE_TOKENIZERS[pre]
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=spec.ignore_merges))
     steps = []
-    if split_digits:
+    if spec.split_digits:
         steps.append(pre_tokenizers.Digits(individual_digits=True))
-    steps.append(pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False))
+    steps.append(pre_tokenizers.Split(Regex(spec.pattern), behavior="isolated", invert=False))
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+SPACE = "\u2581"  # "▁": SentencePiece's visible space
+
+
+def _score_merges(tokens: list[str], scores: Sequence[float]) -> list[tuple[str, str]]:
+    """Every split of a token into two tokens, best-scored result first.
+
+    llama.cpp's SentencePiece tokenizer starts from single characters and repeatedly joins the adjacent pair whose
+    concatenation is the highest-scored token; a BPE whose merge ranks follow the scores does the same.
+    """
+    vocab = set(tokens)
+    ranked = []
+    for i, t in enumerate(tokens):
+        for k in range(1, len(t)):
+            if t[:k] in vocab and t[k:] in vocab:
+                ranked.append((-scores[i], i, k))
+    ranked.sort()
+    return [(tokens[i][:k], tokens[i][k:]) for _, i, k in ranked]
+
+
+def _sentencepiece_bpe(tokens: list[str], scores: Sequence[float], space_prefix: bool) -> HFTokenizer:
+    """A SentencePiece-style BPE: spaces become "▁", characters outside the vocabulary become <0xXX> byte tokens."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    has_unk = "<unk>" in vocab
+    model = models.BPE(vocab=vocab, merges=_score_merges(tokens, scores), byte_fallback=True,
+                       unk_token="<unk>" if has_unk else None, fuse_unk=False)
+    tok = HFTokenizer(model)
+    steps = [normalizers.Prepend(SPACE)] if space_prefix else []
+    tok.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", SPACE)])
+    dec = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(dec + ([decoders.Strip(" ", 1, 0)] if space_prefix else []))
     return tok
 
 
@@ -72,6 +130,7 @@ class Tokenizer:
     bos_token: str
     eos_token: str
     digest: str  # hash of vocabulary + merges + specials: block files record it
+    add_bos: bool = False  # the model asks for bos_id before a prompt (GGUF tokenizer.ggml.add_bos_token)
 
     @property
     def vocab_size(self) -> int:
@@ -134,21 +193,48 @@ def _digest(*parts) -> str:
 
 
 def tokenizer_from_gguf(meta: dict, path: str = "<gguf>") -> Tokenizer:
-    """Build the tokenizer from GGUF metadata (see `native.gguf_header`)."""
+    """Build the tokenizer from GGUF metadata (see `native.gguf_header`).
+
+    `tokenizer.ggml.model` "gpt2": byte-level BPE from tokens + merges, words split by `tokenizer.ggml.pre`.
+    "llama": SentencePiece BPE from tokens + scores, "▁" for spaces, <0xXX> byte fallback, a leading "▁" when
+    `tokenizer.ggml.add_space_prefix` says so. Control tokens are matched only in template markup; user-defined
+    tokens (e.g. Gemma's runs of spaces and newlines) are matched in all text, as llama.cpp does.
+    """
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ModelError(f"{path}: unsupported tokenizer model {kind!r} (supported: byte-level BPE 'gpt2')")
+    if kind not in TOKENIZER_MODELS:
+        supported = ", ".join(f"{v} {k!r}" for k, v in TOKENIZER_MODELS.items())
+        raise ModelError(f"{path}: unsupported tokenizer model tokenizer.ggml.model={kind!r} (supported: {supported})")
     pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
-        raise ModelError(f"{path}: unsupported pre-tokenizer {pre!r} (supported: {', '.join(PRE_TOKENIZERS)})")
+    if kind == "gpt2" and pre not in PRE_TOKENIZERS:
+        raise ModelError(f"{path}: unsupported pre-tokenizer tokenizer.ggml.pre={pre!r} "
+                         f"(supported: {', '.join(PRE_TOKENIZERS)})")
+    if kind == "llama" and pre != "default":
+        raise ModelError(f"{path}: unsupported pre-tokenizer tokenizer.ggml.pre={pre!r} for a SentencePiece "
+                         "tokenizer (supported: 'default')")
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
-    types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    types = [int(t) for t in meta.get("tokenizer.ggml.token_type", [1] * len(tokens))]
     vocab = {t: i for i, t in enumerate(tokens)}
-    specials = [t for t, ty in zip(tokens, types) if int(ty) in (CONTROL, USER_DEFINED)]
-    plain = _byte_level_bpe(vocab, merges, pre)
-    special = _byte_level_bpe(vocab, merges, pre)
-    special.add_special_tokens(specials)
+    controls = [t for t, ty in zip(tokens, types) if ty == CONTROL]
+    user_defined = [t for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+    if kind == "gpt2":
+        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+        plain = _byte_level_bpe(vocab, merges, pre)
+        special = _byte_level_bpe(vocab, merges, pre)
+        matched = [t for t, ty in zip(tokens, types) if ty in (CONTROL, USER_DEFINED)]
+        digest = _digest(tokens, meta.get("tokenizer.ggml.merges", []), matched, pre)
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    else:
+        scores = [float(x) for x in meta.get("tokenizer.ggml.scores", [0.0] * len(tokens))]
+        space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+        plain = _sentencepiece_bpe(tokens, scores, space_prefix)
+        special = HFTokenizer(plain.model)  # shares the model: the merge table is built once
+        special.normalizer, special.decoder = plain.normalizer, plain.decoder
+        digest = _digest(tokens, scores, types, kind, space_prefix)
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))
+    for tok in (plain, special):
+        if user_defined:
+            tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in user_defined])
+    special.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in controls])
     bos = meta.get("tokenizer.ggml.bos_token_id")
     eos = {int(meta["tokenizer.ggml.eos_token_id"])} if "tokenizer.ggml.eos_token_id" in meta else set()
     if "tokenizer.ggml.eot_token_id" in meta:
@@ -156,11 +242,11 @@ def tokenizer_from_gguf(meta: dict, path: str = "<gguf>") -> Tokenizer:
     eos_token = tokens[min(eos)] if eos else ""
     return Tokenizer(
         _plain=plain, _special=special,
-        special_ids=frozenset(vocab[t] for t in specials),
+        special_ids=frozenset(vocab[t] for t in controls),
         bos_id=None if bos is None else int(bos),
         eos_ids=frozenset(eos), chat_template=meta.get("tokenizer.chat_template"),
         bos_token=tokens[int(bos)] if bos is not None else "", eos_token=eos_token,
-        digest=_digest(tokens, meta.get("tokenizer.ggml.merges", []), specials, pre),
+        digest=digest, add_bos=add_bos and bos is not None,
     )
 
 

@@ -25,7 +25,8 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from native.base import ModelError
 
-# GGUF pre-tokenizer name -> the split regexes applied before byte-level BPE (llama.cpp's table, restated).
+# GGUF pre-tokenizer name (the names llama.cpp accepts) -> the splits applied before byte-level BPE (its table,
+# restated).
 _GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _LLAMA3 = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
@@ -43,11 +44,15 @@ _QWEN35 = (
 )
 
 
+# llama.cpp's "default": punctuation runs, then the GPT-2 split, then digit runs cut into groups of three.
+_DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+
+
 @dataclass(frozen=True)
 class PreTokenizer:
     """How llama.cpp splits text into words before byte-level BPE merges them."""
 
-    pattern: str  # the split regex
+    pattern: str | tuple[str, ...]  # the split regex, or several applied in turn (each splits the last's pieces)
     split_digits: bool = False  # split every digit off first (starcoder-style)
     ignore_merges: bool = False  # a word that is itself a token is kept whole (llama3-style)
 
@@ -55,7 +60,7 @@ class PreTokenizer:
 _GPT2_PRE, _DIGITS_PRE = PreTokenizer(_GPT2), PreTokenizer(_GPT2, split_digits=True)
 _LLAMA3_PRE, _QWEN2_PRE = PreTokenizer(_LLAMA3, ignore_merges=True), PreTokenizer(_QWEN2)
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
-    "default": _GPT2_PRE, "gpt2": _GPT2_PRE, "gpt-2": _GPT2_PRE, "phi-2": _GPT2_PRE, "mpt": _GPT2_PRE,
+    "default": PreTokenizer(_DEFAULT), "gpt-2": _GPT2_PRE, "phi-2": _GPT2_PRE, "mpt": _GPT2_PRE,
     "olmo": _GPT2_PRE, "jais": _GPT2_PRE,
     "smollm": _DIGITS_PRE, "starcoder": _DIGITS_PRE, "refact": _DIGITS_PRE, "command-r": _DIGITS_PRE,
     "codeshell": _DIGITS_PRE, "exaone": _DIGITS_PRE, "minerva-7b": _DIGITS_PRE,
@@ -74,7 +79,8 @@ def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], pre: s
     steps = []
     if spec.split_digits:
         steps.append(pre_tokenizers.Digits(individual_digits=True))
-    steps.append(pre_tokenizers.Split(Regex(spec.pattern), behavior="isolated", invert=False))
+    for pattern in (spec.pattern,) if isinstance(spec.pattern, str) else spec.pattern:
+        steps.append(pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False))
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()

@@ -9,6 +9,8 @@ import gguf
 import llama_cpp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from native.base import ModelError
 from native.gguf_header import read_gguf_header
@@ -38,7 +40,10 @@ CORPUS = {
     "token_lookalikes": "<0x41> <unk> [multimodal] <unused0> <|im_start|",
 }
 TEXTS = list(CORPUS.values())
-IDS = list(CORPUS)
+# Random texts mix these: scripts, digits, punctuation, whitespace, joiners, "▁", and pieces of special tokens.
+ALPHABET = list("abcXYZ éüßñ' 0123456789,.;:!?-_(){}[]\"/\\<>|=+*&^%$#@~` \t\n\r") + list(
+    "日本語中文한국어ابتहिंदीПривет😀👍🏽🇫🇷▁") + [
+    "\u200d", "\u0301", "  ", "<|im_start|>", "<start_of_turn>", "<0x41>", "<tool_call>", "'S", "'ll"]
 
 
 def _gemma3_path() -> str:
@@ -117,6 +122,18 @@ def test_ids_match_llama_cpp(pair, name, special):
     mismatched = [k for k, t in CORPUS.items() if tok.encode(t, special=special) != ref.tokenize(
         t.encode(), add_bos=False, special=special)]
     assert mismatched == [], f"{name}: {len(CORPUS) - len(mismatched)}/{len(CORPUS)} texts give llama.cpp's ids"
+
+
+@pytest.mark.parametrize("name", MODELS)
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(text=st.lists(st.sampled_from(ALPHABET), max_size=30).map("".join))
+def test_random_text_ids_match_llama_cpp(pair, name, text):
+    tok, ref = pair(name)
+    for special in (False, True):
+        ours = tok.encode(text, special=special)
+        assert ours == ref.tokenize(text.encode(), add_bos=False, special=special)
+        if ref.detokenize(ours) == text.encode():
+            assert tok.decode(ours) == text
 
 
 @pytest.mark.parametrize("name", MODELS)

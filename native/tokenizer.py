@@ -1,12 +1,14 @@
 """Tokenizer and chat template from a model's own files, identical for every backend.
 
-A GGUF carries its vocabulary (`tokenizer.ggml.tokens`, `.merges`, `.token_type`), its pre-tokenizer name
-(`tokenizer.ggml.pre`) and its Jinja chat template; we rebuild a byte-level BPE with the `tokenizers`
-library from these and render the template with jinja2, so MLX and llama.cpp sessions see the same ids.
-An MLX/HF directory brings tokenizer.json and tokenizer_config.json instead.
+A GGUF carries its vocabulary (`tokenizer.ggml.tokens`, `.token_type`, and `.merges` for byte-level BPE or
+`.scores` for SentencePiece), its pre-tokenizer name (`tokenizer.ggml.pre`) and its Jinja chat template; we rebuild
+the tokenizer with the `tokenizers` library from these, giving llama.cpp's ids, and render the template with
+jinja2, so MLX and llama.cpp sessions see the same ids. An MLX/HF directory brings tokenizer.json and
+tokenizer_config.json instead.
 
 Text is encoded with `special=False` by default: "<|im_start|>" inside a tool description or a user message
-stays plain text and cannot open a new chat turn. Only the chat template's own markup parses special tokens.
+stays plain text and cannot open a new chat turn. Only the chat template's own markup parses control tokens.
+User-defined tokens (GGUF type 4: e.g. Gemma's runs of spaces) are ordinary text pieces and match everywhere.
 """
 
 from __future__ import annotations
@@ -42,8 +44,6 @@ _QWEN35 = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
-
-
 # llama.cpp's "default": punctuation runs, then the GPT-2 split, then digit runs cut into groups of three.
 _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
 
@@ -70,7 +70,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "qwen35": PreTokenizer(_QWEN35),
 }
 TOKENIZER_MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece BPE"}
-CONTROL, USER_DEFINED = 3, 4  # GGUF token types that are matched as whole special tokens
+CONTROL, USER_DEFINED = 3, 4  # GGUF token types matched whole: in template markup only / in all text
 
 
 def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], pre: str) -> HFTokenizer:
@@ -106,12 +106,11 @@ def _score_merges(tokens: list[str], scores: Sequence[float]) -> list[tuple[str,
     return [(tokens[i][:k], tokens[i][k:]) for _, i, k in ranked]
 
 
-def _sentencepiece_bpe(tokens: list[str], scores: Sequence[float], space_prefix: bool) -> HFTokenizer:
+def _sentencepiece_bpe(tokens: list[str], scores: Sequence[float], space_prefix: bool, unk: str | None) -> HFTokenizer:
     """A SentencePiece-style BPE: spaces become "▁", characters outside the vocabulary become <0xXX> byte tokens."""
     vocab = {t: i for i, t in enumerate(tokens)}
-    has_unk = "<unk>" in vocab
-    model = models.BPE(vocab=vocab, merges=_score_merges(tokens, scores), byte_fallback=True,
-                       unk_token="<unk>" if has_unk else None, fuse_unk=False)
+    model = models.BPE(vocab=vocab, merges=_score_merges(tokens, scores), byte_fallback=True, unk_token=unk,
+                       fuse_unk=False)
     tok = HFTokenizer(model)
     steps = [normalizers.Prepend(SPACE)] if space_prefix else []
     tok.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", SPACE)])
@@ -122,9 +121,9 @@ def _sentencepiece_bpe(tokens: list[str], scores: Sequence[float], space_prefix:
 
 @dataclass
 class Tokenizer:
-    """Byte-level BPE with special tokens and a chat template.
+    """A GGUF's (byte-level or SentencePiece BPE) or a tokenizer.json's tokenizer, with a chat template.
 
-    `_plain` never matches special tokens (user text); `_special` matches them (template markup).
+    `_plain` never matches control tokens (user text); `_special` matches them (template markup).
     """
 
     _plain: HFTokenizer
@@ -232,7 +231,8 @@ def tokenizer_from_gguf(meta: dict, path: str = "<gguf>") -> Tokenizer:
     else:
         scores = [float(x) for x in meta.get("tokenizer.ggml.scores", [0.0] * len(tokens))]
         space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
-        plain = _sentencepiece_bpe(tokens, scores, space_prefix)
+        unk = meta.get("tokenizer.ggml.unknown_token_id")
+        plain = _sentencepiece_bpe(tokens, scores, space_prefix, None if unk is None else tokens[int(unk)])
         special = HFTokenizer(plain.model)  # shares the model: the merge table is built once
         special.normalizer, special.decoder = plain.normalizer, plain.decoder
         digest = _digest(tokens, scores, types, kind, space_prefix)

@@ -7,11 +7,13 @@ Two layouts, one API (`scan`, `scan_batch`):
   `lead` (N, kc) holds the kc leading PCA coordinates and `tail` (N, D - kc) the rest; the query is rotated
   once and slb.twostage scans `lead` for a shortlist, then rescores it on all dims.
 
-`scan` writes into buffers owned by the index (no allocation per call) and returns copies of the (k,)
-results; an index is therefore not safe to share between threads scanning at once (build one per thread).
+`scan` writes into scratch buffers owned by the index, one set per thread (no allocation per call after a
+thread's first), and returns copies of the (k,) results, so threads may share one index.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
@@ -39,12 +41,7 @@ class ScanIndex:
             raise ValueError(f"shortlist must be >= 1, got {shortlist}")
         self.lead, self.scales, self.rotation = lead, np.ascontiguousarray(scales, np.float32), rotation
         self.shortlist = max(1, min(shortlist, n, _BLOCK))  # stage 2 scores land in the (_BLOCK,) scratch
-        self._q16 = np.empty(self.dim, np.int16)
-        self._acc = np.empty(_BLOCK, np.int32)
-        self._y = np.empty(self.dim, np.float32)
-        self._hs = np.empty(self.shortlist, np.float32)
-        self._hi = np.empty(self.shortlist, np.int64)
-        self._k = 0
+        self._local = threading.local()  # .scratch: this thread's _Scratch
 
     @property
     def two_stage(self) -> bool:
@@ -65,23 +62,26 @@ class ScanIndex:
     def scan(self, q: np.ndarray, k: int = 5) -> tuple[np.ndarray, np.ndarray]:
         """Top-k rows for one (D,) float32 unit query: (scores (k',) float32 best first, ids (k',) int64),
         k' = min(k, N). Scores are cosines up to INT8 rounding (see slb.scan.quantization_bound)."""
-        if k != self._k:
+        s = self._local.__dict__.get("scratch")
+        if s is None:
+            s = self._local.scratch = _Scratch(self.dim, self.shortlist)
+        if k != s.k:
             if not (q.ndim == 1 and q.shape[0] == self.dim):
                 _check(self.lead, self.scales, q.shape[-1], k)  # raises with an actionable message
-            self._k = k
+            s.k = k
             kk = _check(self.lead, self.scales, self.lead.shape[1], k)
-            self._top_s, self._top_i = np.empty(kk, np.float32), np.empty(kk, np.int64)
+            s.top_s, s.top_i = np.empty(kk, np.float32), np.empty(kk, np.int64)
         if q.dtype != np.float32 or q.ndim != 1 or q.shape[0] != self.dim or not q.flags.c_contiguous:
             q = np.ascontiguousarray(q, np.float32)
             if q.shape != (self.dim,):
                 raise ValueError(f"query dimension {q.shape} does not match the buffer's {self.dim}: "
                                  "was it embedded by the same model?")
         if self.rotation is None:
-            _scan_into(self.lead, self.scales, q, self._q16, self._acc, self._top_s, self._top_i)
+            _scan_into(self.lead, self.scales, q, s.q16, s.acc, s.top_s, s.top_i)
         else:
-            _two_stage_into(self.rotation, self.lead, self.tail, self.scales, q, self._y, self._q16, self._acc,
-                            self._hs, self._hi, self._top_s, self._top_i)
-        return self._top_s.copy(), self._top_i.copy()
+            _two_stage_into(self.rotation, self.lead, self.tail, self.scales, q, s.y, s.q16, s.acc, s.hs, s.hi,
+                            s.top_s, s.top_i)
+        return s.top_s.copy(), s.top_i.copy()
 
     def scan_batch(self, queries: np.ndarray, k: int = 5) -> tuple[np.ndarray, np.ndarray]:
         """(B, D) float32 queries -> (scores (B, k'), ids (B, k')), as `scan` per query."""
@@ -90,3 +90,17 @@ class ScanIndex:
             return scan_batch(self.lead, self.scales, queries, k)
         out = [self.scan(q, k) for q in queries]
         return np.stack([s for s, _ in out]), np.stack([i for _, i in out])
+
+
+class _Scratch:
+    """One thread's scan buffers: the int16 query (D,), int32 accumulators (_BLOCK,), the rotated query (D,),
+    the shortlist (shortlist,) and the top-k results (k',) of the last k asked for."""
+
+    def __init__(self, dim: int, shortlist: int):
+        self.q16 = np.empty(dim, np.int16)
+        self.acc = np.empty(_BLOCK, np.int32)
+        self.y = np.empty(dim, np.float32)
+        self.hs = np.empty(shortlist, np.float32)
+        self.hi = np.empty(shortlist, np.int64)
+        self.k = 0
+        self.top_s = self.top_i = np.empty(0)

@@ -80,3 +80,38 @@ def test_scan_rejects_wrong_dimension_and_backend():
         scan(m8, sc, np.ones(8, np.float32), 2)
     with pytest.raises(ValueError, match="backend"):
         scan(m8, sc, np.ones(16, np.float32), 2, backend="cuda")
+
+
+def test_threads_share_one_index():
+    """Threads scanning one ScanIndex at once each get their own query's top-k (per-thread scratch buffers)."""
+    import sys
+    import threading
+
+    from slb.index import ScanIndex
+
+    rng = np.random.default_rng(3)
+    m = rng.normal(size=(300, 64)).astype(np.float32)
+    m /= np.linalg.norm(m, axis=1, keepdims=True)
+    m8, sc = quantize_rows(m)
+    index = ScanIndex(m8, sc)
+    queries = m[rng.choice(300, 8, replace=False)]
+    want = [index.scan(q, 5) for q in queries]
+    bad = []
+
+    def work(j):
+        for _ in range(400):
+            s, i = index.scan(queries[j], 5)
+            if not np.array_equal(i, want[j][1]):
+                bad.append(j)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: a shared buffer would be overwritten
+    try:
+        threads = [threading.Thread(target=work, args=(j,)) for j in range(len(queries))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not bad

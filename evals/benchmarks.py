@@ -62,13 +62,14 @@ class Benchmark:
 BENCHMARKS: list[Benchmark] = [
     Benchmark(
         name="backends", title="Backend speed",
-        blurb="Prefill and decode throughput of our llama.cpp and MLX sessions against llama-cpp-python's "
-              "high-level `Llama`, same GGUF, same process.",
+        blurb="Prefill and decode throughput of our llama.cpp and MLX sessions against their peers on the same "
+              "weights: llama-cpp-python's high-level `Llama` (same GGUF) and mlx-lm's own model class (an MLX "
+              "folder of the same weights), same process, per packaged architecture. (x): ours / the peer.",
         add_arguments=backends.add_arguments, run=backends.run, table=backends.table, figures=(),
-        plan=("--lengths", "256,1024,4096", "--decode-tokens", "32", "--repeats", "2",
-              "--backends", "llamacpp,mlx,llamacpp-highlevel"),
-        quick_plan=("--lengths", "256,1024", "--decode-tokens", "32", "--repeats", "2",
-                    "--backends", "llamacpp,mlx,llamacpp-highlevel"),
+        plan=("--models", "smollm2,gemma3", "--lengths", "256,1024,4096", "--decode-tokens", "32", "--repeats", "2",
+              "--backends", "llamacpp,mlx,llamacpp-highlevel,mlx-lm"),
+        quick_plan=("--models", "smollm2,gemma3", "--lengths", "256,1024", "--decode-tokens", "32", "--repeats", "2",
+                    "--backends", "llamacpp,mlx,llamacpp-highlevel,mlx-lm"),
         tiny_plan=("--lengths", "64", "--decode-tokens", "8", "--repeats", "1", "--backends", "llamacpp")),
     Benchmark(
         name="scan", title="SLB scan",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from native.models.attention import attention_weights, visible
 from nexus_agent.eviction.certificate import certify_cell
 from nexus_agent.eviction.policy import Observation, Policy, block_ids, protected_mask
 
@@ -22,6 +23,12 @@ class Capture:
     k: np.ndarray  # (L, Hkv, N, D) post-RoPE
     v: np.ndarray  # (L, Hkv, N, D)
     n_prompt: int  # tokens before the answer steps
+    scale: float = 0.0  # the model's attention scale (0: D ** -0.5)
+    windows: tuple[int, ...] = ()  # per layer sliding window (0 / (): global)
+
+    def layer(self, li: int) -> tuple[float, int]:
+        """(scale, window) of layer li."""
+        return self.scale, self.windows[li] if self.windows else 0
 
 
 def capture(backend, ids: list[int], n_prompt: int) -> Capture:
@@ -35,7 +42,7 @@ def capture(backend, ids: list[int], n_prompt: int) -> Capture:
     k, v = s.cache.export(np.arange(len(ids)))
     q = np.stack([np.concatenate(qs[i], axis=1) for i in range(len(qs))])
     s.close()
-    return Capture(q, k, v, n_prompt)
+    return Capture(q, k, v, n_prompt, backend.info.scale, backend.info.windows)
 
 
 def replay(cap: Capture, policy: Policy, budget: float, steps: int = 6, block: int = 32, sinks: int = 4,
@@ -48,6 +55,7 @@ def replay(cap: Capture, policy: Policy, budget: float, steps: int = 6, block: i
     L, H, N, D = cap.q.shape
     hkv, n = cap.k.shape[1], cap.n_prompt
     g = H // hkv
+    everyone = np.arange(N)
     pos = np.arange(n)
     prot = protected_mask(pos, n, sinks, recent)
     k_blocks = max(0, (int(round(budget * n)) - int(prot.sum())) // block)
@@ -56,37 +64,38 @@ def replay(cap: Capture, policy: Policy, budget: float, steps: int = 6, block: i
     errs, certs, kept = np.zeros((L, H, steps)), np.zeros((L, len(cert_heads), steps)), np.zeros((L, hkv, n), bool)
     for li in range(L):
         k, v, q = cap.k[li], cap.v[li], cap.q[li]
+        scale, win = cap.layer(li)
         acc = None
         if "history" in policy.needs and h2o:
             acc = np.zeros((hkv, n))
             for c0 in range(0, n, 256):  # accumulated attention of every prompt query, in chunks
                 qq = q[:, c0 : c0 + 256]
-                lg = qq @ np.repeat(k[:, :n], g, 0).transpose(0, 2, 1) / np.sqrt(D)
-                lg = np.where(pos[None, None, :] <= np.arange(c0, c0 + qq.shape[1])[None, :, None], lg, -np.inf)
-                a = np.exp(lg - lg.max(-1, keepdims=True))
-                acc += (a / a.sum(-1, keepdims=True)).sum(1).reshape(hkv, g, n).mean(1)
-        obs = Observation(k[:, :n], v[:, :n], pos, q[:, n - window : n], pos[n - window :], acc)
+                a = attention_weights(qq, k[:, :n], scale, np.arange(c0, c0 + qq.shape[1]), pos, win)
+                acc += a.sum(1).reshape(hkv, g, n).mean(1)
+        obs = Observation(k[:, :n], v[:, :n], pos, q[:, n - window : n], pos[n - window :], acc, scale, win)
         scores = policy.score(obs)  # (Hkv, n)
         keep, pi = policy.select(scores, prot, k_blocks, ids, rng)
         kept[li] = keep
         bias = np.log(1.0 / pi) if policy.offset else np.zeros_like(pi)  # the Hájek offset
         for t in range(steps):
             qp = n + t
+            vis = visible(np.array([qp]), everyone[: qp + 1], win)[0]
             for h in range(H):
                 kh = h // g
-                lg = k[kh, : qp + 1] @ q[h, qp] / np.sqrt(D)
-                a = np.exp(lg - lg.max())
-                y = a @ v[kh, : qp + 1] / a.sum()
-                sel = np.concatenate([keep[kh], np.ones(t + 1, bool)])
-                lb = lg[sel] + np.concatenate([bias[kh], np.zeros(t + 1)])[sel]
-                b = np.exp(lb - lb.max())
-                ye = b @ v[kh, : qp + 1][sel] / b.sum()
+                full = attention_weights(q[h : h + 1, qp : qp + 1], k[kh : kh + 1, : qp + 1], scale, np.array([qp]),
+                                         everyone[: qp + 1], win)[0, 0]
+                y = full @ v[kh, : qp + 1]
+                sel = np.concatenate([keep[kh], np.ones(t + 1, bool)]) & vis
+                b = attention_weights(q[h : h + 1, qp : qp + 1], k[kh : kh + 1, : qp + 1][:, sel], scale,
+                                      np.array([qp]), everyone[: qp + 1][sel], win,
+                                      np.concatenate([bias[kh], np.zeros(t + 1)])[None, sel])[0, 0]
+                ye = b @ v[kh, : qp + 1][sel]
                 errs[li, h, t] = np.linalg.norm(ye - y) / (np.linalg.norm(y) + 1e-12)
                 if h in cert_heads and policy.offset:
                     p = np.concatenate([pi[kh], np.ones(t + 1)])[sel]
                     unit = np.concatenate([np.where(pi[kh] < 1, ids, -1), np.full(t + 1, -1)])[sel]
                     certs[li, cert_heads.index(h), t] = certify_cell(q[h, qp], k[kh, : qp + 1][sel],
-                                                                     v[kh, : qp + 1][sel], p, unit, delta)[0]
+                                                                     v[kh, : qp + 1][sel], p, unit, delta, scale)[0]
     return errs, certs, kept
 
 

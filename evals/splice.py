@@ -27,6 +27,8 @@ BLEND_FRAC = 0.15  # CacheBlend recomputes ~15% of a chunk
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="llamacpp,mlx", help="comma-separated: llamacpp, mlx")
+    p.add_argument("--model", default=None,
+                   help="GGUF file or packaged model name (smollm2, gemma3 where installed; default: smollm2)")
     p.add_argument("--depths", default="0,64,256,512,1024,2048")
     p.add_argument("--tool-file", required=True, metavar="FILE",
                    help="JSON/JSONL of MCP tools the eval and calibration tools are sampled from "
@@ -57,6 +59,7 @@ def run_backend(name: str, args) -> dict:
     import numpy as np
 
     from native import load_backend
+    from native.model_files import model_path
     from splice.block import load_block
     from splice.calibrate import CalibrationConfig, calibrate
     from splice.cli import calibration_tools
@@ -65,7 +68,7 @@ def run_backend(name: str, args) -> dict:
     from splice.profile import load_profile
     from splice.prompt import CONTEXTS, context_for
 
-    backend = load_backend(name)
+    backend = load_backend(name, model_path(args.model) if args.model else None)
     depths = [int(d) for d in args.depths.split(",")]
     if args.calibrate:
         cal = calibration_tools(backend, args.tool_file, args.calib_tools, args.seed)
@@ -73,7 +76,8 @@ def run_backend(name: str, args) -> dict:
     profile = load_profile(backend)
     tools = sample_tools(args.tool_file, backend.tokenizer, args.n_tools, seed=args.seed)
     compile_blocks(backend, tools, progress=False)
-    out = {"profile": {"curve": profile.curve, "max_depth": profile.max_depth, "calibrated": bool(profile.measured),
+    out = {"model": backend.info.path, "architecture": backend.info.architecture,
+           "profile": {"curve": profile.curve, "max_depth": profile.max_depth, "calibrated": bool(profile.measured),
                        "calibration_tools": args.calib_tools if args.calibrate else None,
                        "block_contexts": list(CONTEXTS)},
            "tools": [t.name for t in tools], "depths": {}}

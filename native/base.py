@@ -29,7 +29,7 @@ class BackendError(RuntimeError):
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """Shape and identity of a loaded llama-family model."""
+    """Shape and identity of a loaded model, and what its attention does per layer (scale, window, RoPE base)."""
 
     path: str
     format: str  # "gguf" or "mlx-dir" (config.json + safetensors)
@@ -42,9 +42,21 @@ class ModelInfo:
     d_model: int
     vocab_size: int
     n_ctx_train: int
-    rope_base: float
+    rope_base: float  # the global layers' base (`rope_bases` has every layer's)
     rope_traditional: bool  # True: rotary pairs are interleaved (2i, 2i+1), as GGUF stores Q/K; False: half-split
     rms_eps: float
+    attn_scale: float = 0.0  # attention logit scale; 0: head_dim ** -0.5
+    windows: tuple[int, ...] = ()  # per layer: sliding-window length in tokens, 0 = global; (): all global
+    rope_bases: tuple[float, ...] = ()  # per layer; (): all `rope_base`
+
+    @property
+    def scale(self) -> float:
+        """The factor on q·k before the softmax."""
+        return self.attn_scale or self.head_dim**-0.5
+
+    def window(self, layer: int) -> int:
+        """Layer `layer`'s sliding window (tokens a query sees, itself included); 0: the whole context."""
+        return self.windows[layer] if self.windows else 0
 
 
 @dataclass(frozen=True)

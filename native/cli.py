@@ -1,4 +1,5 @@
-"""`nexus generate`: a streamed chat answer from any backend in `native.registry.BACKENDS`."""
+"""`nexus generate`: a streamed chat answer from any backend in `native.registry.BACKENDS`; `nexus convert`: a GGUF
+as an MLX/Hugging Face model folder."""
 
 from __future__ import annotations
 
@@ -28,6 +29,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("prompt")
     g.set_defaults(func=_generate)
+    c = sub.add_parser("convert", help="write a GGUF as an MLX/Hugging Face model folder (config.json + safetensors)")
+    c.add_argument("model", help="GGUF file (any architecture the MLX backend reads)")
+    c.add_argument("out", help="output folder")
+    c.set_defaults(func=_convert)
+
+
+def _convert(args) -> int:
+    from native.convert import convert
+
+    print(convert(args.model, args.out))
+    return 0
 
 
 def backend_options(args) -> dict:

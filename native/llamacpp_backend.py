@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from dataclasses import replace
 
 import llama_cpp
 import llama_cpp._logger
@@ -21,7 +22,7 @@ from llama_cpp import llama_cpp as C
 
 from native.base import BackendError, KVRange, KVSession, ModelError, ModelInfo, as_token_list
 from native.gguf_header import read_gguf_header
-from native.model_files import check_architecture, fingerprint, resolve_model
+from native.model_files import fingerprint, resolve_model
 from native.registry import BACKENDS, list_backends
 from native.tokenizer import tokenizer_from_gguf
 
@@ -55,16 +56,19 @@ class LlamaCppBackend:
             raise ModelError(f"{src.path}: the llama.cpp backend needs a GGUF file, not a model directory")
         header = read_gguf_header(src.path)
         meta = header.metadata
-        arch = meta.get("general.architecture", "?")
-        check_architecture(src.path, arch)
-        self.tokenizer = tokenizer_from_gguf(meta, src.path)
+        arch = str(meta.get("general.architecture", "?"))  # any architecture llama.cpp implements
         if not _backend_ready:
             C.llama_backend_init()
             _backend_ready = True
         params = C.llama_model_default_params()
         self._model = C.llama_model_load_from_file(src.path.encode(), params)
         if not self._model:
-            raise ModelError(f"{src.path}: llama.cpp could not load this model")
+            raise ModelError(f"{src.path}: llama.cpp could not load this model (architecture {arch!r})")
+        try:
+            self.tokenizer = tokenizer_from_gguf(meta, src.path)
+        except ModelError:
+            self.close()  # nothing half-loaded
+            raise
         self._vocab = C.llama_model_get_vocab(self._model)
         self.n_vocab = C.llama_vocab_n_tokens(self._vocab)
         d_threads, b_threads = default_threads()
@@ -74,14 +78,24 @@ class LlamaCppBackend:
             v = meta.get(f"{arch}.{key}", default)
             return v.item() if hasattr(v, "item") else v
 
-        n_heads, d_model = int(get("attention.head_count")), int(get("embedding_length"))
+        n_heads, d_model = int(C.llama_model_n_head(self._model)), int(C.llama_model_n_embd(self._model))
+        rope_type = int(C.llama_model_rope_type(self._model))
+        self.n_swa = int(C.llama_model_n_swa(self._model))  # > 0: some layers attend over a sliding window
         self.info = ModelInfo(
             path=src.path, format="gguf", fingerprint=fingerprint(src.path), architecture=arch,
-            n_layers=int(get("block_count")), n_heads=n_heads, n_kv_heads=int(get("attention.head_count_kv", n_heads)),
-            head_dim=int(get("rope.dimension_count", d_model // n_heads)), d_model=d_model, vocab_size=self.n_vocab,
+            n_layers=int(C.llama_model_n_layer(self._model)), n_heads=n_heads,
+            n_kv_heads=int(C.llama_model_n_head_kv(self._model)),
+            head_dim=int(get("attention.key_length", d_model // n_heads)), d_model=d_model, vocab_size=self.n_vocab,
             n_ctx_train=int(C.llama_model_n_ctx_train(self._model)), rope_base=float(get("rope.freq_base", 10000.0)),
-            rope_traditional=True, rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_traditional=rope_type == C.LLAMA_ROPE_TYPE_NORM,
+            rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         )
+        self.rope_type = rope_type
+        # Splicing re-anchors a block with llama.cpp's K-shift: architectures without RoPE (or whose memory
+        # cannot shift) keep every other capability; a context's memory says whether it can (`can_shift`).
+        self.capabilities = BACKENDS["llamacpp"].capabilities
+        if rope_type == C.LLAMA_ROPE_TYPE_NONE:
+            self.capabilities = replace(self.capabilities, can_splice=False)
 
     def new_session(self, n_ctx: int | None = None, n_batch: int = 512) -> "LlamaCppSession":
         if not self._model:
@@ -110,10 +124,16 @@ class LlamaCppSession(KVSession):
         cp.n_threads, cp.n_threads_batch = backend.n_threads, backend.n_threads_batch
         cp.n_seq_max, cp.kv_unified = 2, True
         cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED  # the KV state layout depends on this: keep it fixed
+        # Sliding-window models: keep every layer's cells (the window is a mask), so removing, shifting and
+        # exporting positions behind the window work as on any other model.
+        cp.swa_full = True
         self._ctx = C.llama_init_from_model(backend._model, cp)
         if not self._ctx:
             raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens")
         self._mem = C.llama_get_memory(self._ctx)
+        self.can_shift = bool(C.llama_memory_can_shift(self._mem)) and backend.capabilities.can_splice
+        if not self.can_shift and backend.capabilities.can_splice:
+            backend.capabilities = replace(backend.capabilities, can_splice=False)
         self._batch = C.llama_batch_init(n_batch, 0, 1)
         self.n_past = 0
         self.tokens: dict[int, int] = {}  # position -> token id of every cached position
@@ -228,6 +248,10 @@ class LlamaCppSession(KVSession):
         if b < len(kv):
             C.llama_memory_seq_rm(self._mem, SCRATCH, p1, -1)
         delta = self.n_past - p0
+        if delta and not self.can_shift:
+            C.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
+            raise BackendError(f"llama.cpp cannot shift the KV cells of a {self.info.architecture} model "
+                               "(no RoPE K-shift): a KV range imports only at its own positions; prefill the text")
         if delta:
             C.llama_memory_seq_add(self._mem, SCRATCH, p0, p1, delta)  # shift before sharing (cells are shared)
             self._shift_pending = True

@@ -1,4 +1,5 @@
-"""The MLX backend: our llama module (native.mlx_llama) with the position-aware cache (native.mlx_cache).
+"""The MLX backend: our model files (native.models, one per architecture) with the position-aware cache
+(native.mlx_cache).
 
 The reference backend for everything that touches keys and queries: splicing imports post-RoPE keys and
 re-anchors them with one rotation, eviction compacts the cache and biases keys, and a hook sees the queries.
@@ -21,8 +22,9 @@ PREFILL_CHUNK = 512  # tokens per forward pass while prefilling: bounds the (T, 
 
 
 class MLXBackend:
-    """A llama-family model in MLX from a GGUF file or an MLX/HF directory. `quantized`: keep quantized GGUF
-    weights quantized (default: only on Metal; on a CPU they are dequantized to float32 at load)."""
+    """A model of any architecture in `native.models.ARCHITECTURES`, from a GGUF file or an MLX/HF directory.
+    `quantized`: keep quantized GGUF weights quantized (default: only on Metal; on a CPU they are dequantized to
+    float32 at load)."""
 
     name = "mlx"
     capabilities = BACKENDS["mlx"].capabilities
@@ -47,7 +49,7 @@ class MLXSession(KVSession):
             raise BackendError("the MLX backend is closed")
         self.backend, self.info, self.n_ctx = backend, backend.info, n_ctx
         i: ModelInfo = backend.info
-        self.cache = KVCache(i.n_layers, i.n_heads, i.n_kv_heads, i.head_dim)
+        self.cache = KVCache(i.n_layers, i.n_heads, i.n_kv_heads, i.head_dim, i.windows)
         self.n_past = 0
         self.tokens: list[int] = []  # token id at each cached slot, aligned with cache.positions
 
@@ -110,7 +112,7 @@ class MLXSession(KVSession):
         if self.n_past + n > self.n_ctx:
             raise BackendError(f"context full: {self.n_past} + {n} tokens > n_ctx={self.n_ctx}")
         delta = self.n_past - int(kv.positions[0])
-        keys = reanchor_keys(mx.array(kv.keys), delta if rotate else 0, self.info)
+        keys = self.backend.model.shift_keys(mx.array(kv.keys), delta if rotate else 0)
         positions = kv.positions - kv.positions[0] + self.n_past
         self.cache.insert(keys, mx.array(kv.values), positions)
         self.tokens += [int(t) for t in kv.tokens]
@@ -149,15 +151,3 @@ class MLXSession(KVSession):
     def __exit__(self, *exc):
         self.close()
 
-
-def reanchor_keys(keys: mx.array, delta: int, info: ModelInfo) -> mx.array:
-    """Rotate post-RoPE keys (L, Hkv, T, D) by `delta` positions: R(m + delta) = R(delta) R(m).
-
-    Every token gets the same offset, so rope runs over a length-1 "sequence" per row.
-    """
-    if delta == 0:
-        return keys
-    L, H, T, D = keys.shape
-    flat = keys.reshape(L * H * T, 1, D)
-    rotated = mx.fast.rope(flat, D, traditional=info.rope_traditional, base=info.rope_base, scale=1.0, offset=delta)
-    return rotated.reshape(L, H, T, D)

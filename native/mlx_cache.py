@@ -4,7 +4,10 @@ Keys are rotated at their absolute positions when written, so dropping some keys
 a recalled key needs no re-rotation. The cache builds the attention mask from positions (a query at position p
 sees keys at positions <= p) plus the additive bias; while no bias is set and every cached key precedes the new
 tokens (slot order need not match position order) that mask is the bottom-right "causal" one and no array is
-built; with a bias, a one-token decode step reuses the bias row kept in MLX between steps.
+built; with a bias, a one-token decode step reuses the bias row kept in MLX between steps. A sliding-window
+layer (Gemma 3's local layers) keeps every key too and masks those `window` or more positions behind the
+query, so eviction, splicing and recall treat all layers alike; a spliced block older than the window is simply
+invisible to the local layers, as it would be had it been prefilled there.
 Shapes: Hkv key/value heads, S used slots, D head dim, L layers.
 """
 
@@ -15,6 +18,8 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
+from native.models.attention import visible
+
 _STEP = 256  # capacity grows in slots of this many tokens
 QueryHook = Callable[[int, mx.array, np.ndarray], None]  # (layer, q (B, H, T, D), query positions (T,))
 
@@ -22,8 +27,9 @@ QueryHook = Callable[[int, mx.array, np.ndarray], None]  # (layer, q (B, H, T, D
 class LayerKV:
     """One layer's cache. `positions` (S,) and `bias` (Hkv, S) describe the used slots."""
 
-    def __init__(self, index: int, n_heads: int, n_kv_heads: int, head_dim: int, owner: "KVCache"):
+    def __init__(self, index: int, n_heads: int, n_kv_heads: int, head_dim: int, owner: "KVCache", window: int = 0):
         self.index, self.n_heads, self.n_kv_heads, self.head_dim = index, n_heads, n_kv_heads, head_dim
+        self.window = window  # 0: global attention
         self.owner = owner
         self.keys: mx.array | None = None  # (1, Hkv, capacity, D)
         self.values: mx.array | None = None
@@ -105,6 +111,9 @@ class LayerKV:
         # Every cached key precedes the new tokens (always so after eviction or recall, which keep earlier
         # positions only): the position mask is then exactly the bottom-right "causal" one (None for one query).
         in_order = self.length == 0 or int(self.positions.max()) < offset
+        if self.window and in_order:  # the causal mask holds only if every query's window covers every key
+            first = int(self.positions.min()) if self.length else offset
+            in_order = offset + t - 1 - first < self.window
         self.append(k, v, qpos)
         if self.owner.query_hook is not None:
             self.owner.query_hook(self.index, q, qpos)
@@ -125,8 +134,8 @@ class LayerKV:
         return self._bias_row[..., : self.length]
 
     def mask(self, qpos: np.ndarray) -> mx.array:
-        """Additive float mask (1, H or 1, T, S): 0 where key position <= query position, -inf elsewhere, + bias."""
-        allowed = self.positions[None, :] <= qpos[:, None]  # (T, S)
+        """Additive float mask (1, H or 1, T, S): 0 where the query sees the key (`visible`), -inf elsewhere, + bias."""
+        allowed = visible(qpos, self.positions, self.window)  # (T, S)
         m = np.where(allowed, 0.0, -np.inf).astype(np.float32)[None, None]  # (1, 1, T, S)
         if self.bias is not None:
             group = self.n_heads // self.n_kv_heads
@@ -144,8 +153,9 @@ class LayerKV:
 class KVCache:
     """All layers' caches plus an optional hook that sees every layer's queries (eviction scoring)."""
 
-    def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int):
-        self.layers = [LayerKV(i, n_heads, n_kv_heads, head_dim, self) for i in range(n_layers)]
+    def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, windows: tuple[int, ...] = ()):
+        windows = windows or (0,) * n_layers
+        self.layers = [LayerKV(i, n_heads, n_kv_heads, head_dim, self, windows[i]) for i in range(n_layers)]
         self.query_hook: QueryHook | None = None
 
     @property

@@ -1,9 +1,11 @@
-"""Load llama-family weights into `native.mlx_llama.Model` from a GGUF file or an MLX/HF model directory.
+"""Load any architecture of `native.models` from a GGUF file or an MLX/HF model directory.
 
-GGUF: `mx.load` returns MLX-quantized triples (weight, scales, biases) for Q4_0/Q4_1/Q8_0 tensors; Q/K are
-stored permuted for interleaved rotary pairs, hence `rope_traditional=True`. HF/MLX directories keep Q/K in
-the half-split layout (`rope_traditional=False`). On a CPU (no Metal) quantized matmuls are slow for more than
-one row, so weights are dequantized to float32 at load and run through BLAS; on Metal they stay quantized.
+The architecture comes from the model's own metadata (`general.architecture`, config.json's `model_type`);
+its file says how to read the hyperparameters and which tensor is which. GGUF: `mx.load` returns MLX-quantized
+triples (weight, scales, biases) for Q4_0/Q4_1/Q8_0 tensors; files with other types (K-quants, Q5_0, ...)
+are dequantized to float32 by the `gguf` package. On a CPU (no Metal) quantized matmuls are slow for more
+than one row, so weights are dequantized to float32 at load and run through BLAS; on Metal they stay quantized.
+Nothing is half-loaded: every check runs before the model is returned.
 """
 
 from __future__ import annotations
@@ -13,66 +15,81 @@ import os
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from native.base import ModelError, ModelInfo
-from native.gguf_header import read_gguf_header
-from native.mlx_llama import Model, ModelArgs
-from native.model_files import ModelSource, check_architecture, fingerprint, read_json
+from native.gguf_header import GGUFHeader, read_gguf_header
+from native.model_files import ModelSource, fingerprint, read_json
+from native.models import architecture
+from native.models.base import GGUF_TOP_NAMES, CausalLM, Fields, ModelArgs
 
-_GGUF_LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-_GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+NOT_PARAMETERS = ("rope_freqs.weight",)  # GGUF tensors that configure the model (read by `gguf_args`)
 
 
-def _gguf_name(name: str) -> str:
-    stem, _, suffix = name.rpartition(".")  # suffix: weight | scales | biases
+def gguf_name(name: str, layer_names: dict[str, str]) -> str:
+    """blk.N.<part>.<suffix> -> model.layers.N.<module>.<suffix>; token_embd/output_norm/output likewise."""
+    stem, _, suffix = name.rpartition(".")  # suffix: weight | bias | scales | biases
     if stem.startswith("blk."):
         _, i, part = stem.split(".", 2)
-        if part not in _GGUF_LAYER_NAMES:
-            raise KeyError(part)
-        return f"model.layers.{i}.{_GGUF_LAYER_NAMES[part]}.{suffix}"
-    return f"{_GGUF_TOP_NAMES[stem]}.{suffix}"
+        return f"model.layers.{i}.{layer_names[part]}.{suffix}"
+    return f"{GGUF_TOP_NAMES[stem]}.{suffix}"
 
 
-def _args_from_gguf(meta: dict, path: str) -> ModelArgs:
-    arch = meta.get("general.architecture", "?")
-    check_architecture(path, arch)
+def read_gguf_tensors(path: str, header: GGUFHeader) -> dict[str, mx.array]:
+    """Every tensor of a GGUF by its GGUF name: MLX's own reader where it knows the types, else float32."""
+    try:
+        return mx.load(path)
+    except (RuntimeError, ValueError):
+        pass
+    import gguf  # types MLX cannot read (K-quants, Q5_0, ...): dequantized in NumPy from our tensor directory
 
-    def get(key, default=None):
-        v = meta.get(f"{arch}.{key}", default)
-        if v is None:
-            raise ModelError(f"{path}: GGUF metadata lacks {arch}.{key}")
-        return v.item() if hasattr(v, "item") else v
-
-    n_heads, d_model = int(get("attention.head_count")), int(get("embedding_length"))
-    if meta.get(f"{arch}.rope.scaling.type", "none") not in ("none", None):
-        raise ModelError(f"{path}: RoPE scaling {meta[f'{arch}.rope.scaling.type']!r} is not supported")
-    return ModelArgs(
-        d_model=d_model, n_layers=int(get("block_count")), n_heads=n_heads,
-        n_kv_heads=int(get("attention.head_count_kv", n_heads)),
-        head_dim=int(get("rope.dimension_count", d_model // n_heads)), d_ff=int(get("feed_forward_length")),
-        vocab_size=len(meta["tokenizer.ggml.tokens"]), rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_base=float(get("rope.freq_base", 10000.0)), rope_traditional=True, tie_embeddings=True,
-    )
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=header.data_offset)
+    out = {}
+    for name, (dims, ggml_type, offset) in header.tensors.items():
+        qtype = gguf.GGMLQuantizationType(ggml_type)
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        shape = tuple(int(d) for d in reversed(dims))  # GGUF lists the innermost dimension first
+        row_bytes = shape[-1] // block * size
+        raw = data[offset : offset + int(np.prod(shape[:-1], dtype=np.int64)) * row_bytes]
+        w = gguf.quants.dequantize(raw.reshape(*shape[:-1], row_bytes), qtype)
+        out[name] = mx.array(np.ascontiguousarray(w, dtype=np.float32).reshape(shape))
+    return out
 
 
-def _args_from_config(cfg: dict, path: str) -> ModelArgs:
-    check_architecture(path, cfg.get("model_type", "?"))
-    if cfg.get("rope_scaling"):
-        raise ModelError(f"{path}: RoPE scaling {cfg['rope_scaling']} is not supported")
-    n_heads = cfg["num_attention_heads"]
-    return ModelArgs(
-        d_model=cfg["hidden_size"], n_layers=cfg["num_hidden_layers"], n_heads=n_heads,
-        n_kv_heads=cfg.get("num_key_value_heads", n_heads),
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
-        d_ff=cfg["intermediate_size"], vocab_size=cfg["vocab_size"], rms_eps=cfg.get("rms_norm_eps", 1e-5),
-        rope_base=cfg.get("rope_theta", 10000.0), rope_traditional=bool(cfg.get("rope_traditional", False)),
-        tie_embeddings=cfg.get("tie_word_embeddings", True),
-    )
+def _rows(w: mx.array) -> int:
+    return int(w.shape[0])
+
+
+def _gguf_weights(path: str, header: GGUFHeader):
+    meta = header.metadata
+    name = str(meta.get("general.architecture", "?"))
+    arch = architecture(name, path, "general.architecture")
+    raw = read_gguf_tensors(path, header)
+    if "token_embd.weight" not in raw:
+        raise ModelError(f"{path}: no token_embd tensor (not a language model GGUF?)")
+    args = arch.gguf_args(Fields(meta, path, f"{name}."), _rows(raw["token_embd.weight"]),
+                          lambda t: np.array(raw[t].astype(mx.float32)) if t in raw else None)
+    weights = {}
+    for k, v in raw.items():
+        if k in NOT_PARAMETERS:
+            continue
+        try:
+            weights[gguf_name(k, arch.GGUF_NAMES)] = v
+        except KeyError:
+            raise ModelError(f"{path}: unexpected tensor {k!r} for a {name} model") from None
+    return arch, args, weights
+
+
+def _dir_weights(path: str):
+    cfg_path = os.path.join(path, "config.json")
+    cfg = read_json(cfg_path)
+    arch = architecture(str(cfg.get("model_type", "?")), cfg_path, "model_type")
+    args = arch.config_args(Fields(cfg, cfg_path))
+    weights = {}
+    for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        weights.update(mx.load(f))
+    weights = {k: v for k, v in weights.items() if "rotary_emb" not in k}
+    return arch, args, (arch.from_hf(weights, args) if hasattr(arch, "from_hf") else weights)
 
 
 def _dequantize_all(weights: dict[str, mx.array], args: ModelArgs) -> dict[str, mx.array]:
@@ -84,9 +101,9 @@ def _dequantize_all(weights: dict[str, mx.array], args: ModelArgs) -> dict[str, 
         stem = name[: -len(".weight")]
         if f"{stem}.scales" in weights:
             scales, biases = weights[f"{stem}.scales"], weights.get(f"{stem}.biases")
-            in_features = w.shape[1] * 32 // _bits(w, scales, args)
-            group = in_features // scales.shape[1]
-            w = mx.dequantize(w, scales, biases, group_size=group, bits=_bits(w, scales, args))
+            bits = _bits(w, scales, args)
+            group = w.shape[1] * 32 // bits // scales.shape[1]
+            w = mx.dequantize(w, scales, biases, group_size=group, bits=bits)
         out[name] = w.astype(mx.float32)
     return out
 
@@ -108,58 +125,50 @@ def _quantization(weights: dict[str, mx.array], args: ModelArgs) -> tuple[int, i
     return None
 
 
-def load_model(src: ModelSource, quantized: bool | None = None) -> tuple[Model, ModelInfo, dict]:
+def load_model(src: ModelSource, quantized: bool | None = None) -> tuple[CausalLM, ModelInfo, dict]:
     """Build the model; returns (model, info, gguf metadata or {})."""
     meta: dict = {}
-    n_ctx = 0
     try:
         if src.format == "gguf":
-            meta = read_gguf_header(src.path).metadata
-            args = _args_from_gguf(meta, src.path)
-            n_ctx = int(meta.get("llama.context_length", 0) or 0)
-            raw = mx.load(src.path)
-            weights = {}
-            for k, v in raw.items():
-                try:
-                    weights[_gguf_name(k)] = v
-                except KeyError:
-                    raise ModelError(f"{src.path}: unexpected tensor {k!r} for a llama model") from None
+            header = read_gguf_header(src.path)
+            meta = header.metadata
+            arch, args, weights = _gguf_weights(src.path, header)
         else:
-            cfg = read_json(os.path.join(src.path, "config.json"))
-            args = _args_from_config(cfg, src.path)
-            n_ctx = int(cfg.get("max_position_embeddings", 0) or 0)
-            weights = {}
-            for f in sorted(glob.glob(os.path.join(src.path, "*.safetensors"))):
-                weights.update(mx.load(f))
-            weights = {k: v for k, v in weights.items() if "rotary_emb" not in k}
+            arch, args, weights = _dir_weights(src.path)
     except ModelError:
         raise
-    except (ValueError, RuntimeError, KeyError) as e:
+    except (ValueError, RuntimeError, KeyError, TypeError) as e:
         raise ModelError(f"{src.path}: cannot load weights ({e})") from None
 
     if "lm_head.weight" in weights:
         args.tie_embeddings = False
-    model = Model(args)
     if quantized is None:
         quantized = mx.metal.is_available()
     q = _quantization(weights, args)
-    if q and quantized:
+    if q and not quantized:
+        weights, q = _dequantize_all(weights, args), None
+    if not q:
+        weights = {k: v.astype(mx.float32) for k, v in weights.items()}
+    if src.format == "gguf" and hasattr(arch, "from_gguf"):
+        weights = arch.from_gguf(weights, args)
+    model = arch.Model(args)
+    if q:
         group, bits = q
         nn.quantize(model, group_size=group, bits=bits, class_predicate=lambda p, m: f"{p}.scales" in weights)
-    elif q:
-        weights = _dequantize_all(weights, args)
-    else:
-        weights = {k: v.astype(mx.float32) for k, v in weights.items()}
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
-        raise ModelError(f"{src.path}: weights do not match a llama model ({e})") from None
+        raise ModelError(f"{src.path}: weights do not match a {args.architecture} model ({e})") from None
     mx.eval(model.parameters())
-    info = ModelInfo(
-        path=src.path, format=src.format, fingerprint=fingerprint(src.path),
-        architecture="llama", n_layers=args.n_layers, n_heads=args.n_heads, n_kv_heads=args.n_kv_heads,
-        head_dim=args.head_dim, d_model=args.d_model, vocab_size=args.vocab_size,
-        n_ctx_train=n_ctx or 4096, rope_base=args.rope_base,
-        rope_traditional=args.rope_traditional, rms_eps=args.rms_eps,
+    return model, model_info(src, args), meta
+
+
+def model_info(src: ModelSource, args: ModelArgs) -> ModelInfo:
+    rope = args.ropes[-1]
+    return ModelInfo(
+        path=src.path, format=src.format, fingerprint=fingerprint(src.path), architecture=args.architecture,
+        n_layers=args.n_layers, n_heads=args.n_heads, n_kv_heads=args.n_kv_heads, head_dim=args.head_dim,
+        d_model=args.d_model, vocab_size=args.vocab_size, n_ctx_train=args.n_ctx_train, rope_base=rope.base,
+        rope_traditional=rope.traditional, rms_eps=args.rms_eps, attn_scale=args.scale, windows=args.windows,
+        rope_bases=tuple(r.base for r in args.ropes),
     )
-    return model, info, meta

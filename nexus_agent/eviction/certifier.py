@@ -13,6 +13,7 @@ import mlx.core as mx
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from native.models.attention import visible
 from nexus_agent.eviction.certificate import aggregate, certify_cell
 from nexus_agent.eviction.part import Part
 
@@ -65,9 +66,9 @@ class Certifier(Part):
         g = qs.shape[0] // keys.shape[0]
         self.answered = True
         for t in steps:
-            vis = lk.positions <= qpos[t]
+            vis = visible(qpos[t : t + 1], lk.positions, lk.window)[0]
             for h in range(0, qs.shape[0], self.head_stride):
                 cert, _, contrib = certify_cell(qs[h, t], keys[h // g, vis], values[h // g, vis], s.pi[vis],
-                                                s.unit[vis], self.delta)
+                                                s.unit[vis], self.delta, s.info.scale)
                 self.cells.setdefault(int(qpos[t]), []).append(cert)
                 self.var_contrib[np.nonzero(vis)[0]] += contrib

@@ -13,6 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from native.models.attention import attention_weights
 from nexus_agent.eviction.certifier import Certifier
 from nexus_agent.eviction.hajek import clear_offsets
 from nexus_agent.eviction.part import Part
@@ -108,19 +109,13 @@ class DiskTier(Part):
         if not self.certifier.answered:
             return peak
         k_sp = self.spill.keys(avail)  # (L, Hkv, T, D)
-        scale = s.info.head_dim**-0.5
         for li, layer in enumerate(s.cache.layers):
-            q = s.window(li)[0]  # (H, W, D)
+            q, qpos = s.window(li)  # (H, W, D), (W,)
             k, _ = layer.view()
-            k_ret = np.array(k[0].astype(mx.float32))  # (Hkv, S, D)
-            g = q.shape[0] // k_ret.shape[0]
-            for h in range(q.shape[0]):
-                l_sp = q[h] @ k_sp[li, h // g].T * scale  # (W, T)
-                l_ret = q[h] @ k_ret[h // g].T * scale  # (W, S); the probe is gone: all retained keys are earlier
-                m = np.maximum(l_sp.max(1, keepdims=True), l_ret.max(1, keepdims=True))
-                e_sp = np.exp(l_sp - m)
-                p_sp = e_sp / (e_sp.sum(1, keepdims=True) + np.exp(l_ret - m).sum(1, keepdims=True))  # (W, T)
-                peak = np.maximum(peak, p_sp.max(0))
+            keys = np.concatenate([k_sp[li], np.array(k[0].astype(mx.float32))], axis=1)  # spilled, then retained
+            kpos = np.concatenate([np.asarray(avail, np.int64), layer.positions])
+            w = attention_weights(q, keys, s.info.scale, qpos, kpos, layer.window)  # (H, W, T + S)
+            peak = np.maximum(peak, w[:, :, : len(avail)].max(axis=(0, 1)))
         return peak
 
     def _attention_windows(self, avail: np.ndarray, budget_tokens: int, span: int) -> set[int]:

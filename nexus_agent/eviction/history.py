@@ -10,12 +10,13 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from native.models.attention import attention_weights_mx
 from nexus_agent.eviction.part import Part
 
 
 class AttentionHistory(Part):
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int):
-        self.head_dim = head_dim
+    def __init__(self, n_layers: int, n_kv_heads: int, scale: float):
+        self.scale = scale  # the model's attention scale
         self.h2o: list[np.ndarray] = [np.zeros((n_kv_heads, 0)) for _ in range(n_layers)]
         self.n = 0  # slots at the last `sync`: what each layer's row is padded to before a compaction
 
@@ -25,8 +26,7 @@ class AttentionHistory(Part):
     def on_query(self, layer: int, q: mx.array, qpos: np.ndarray) -> None:
         lk = self.session.cache.layers[layer]
         keys, _ = lk.view()
-        att = mx.softmax(q[0] @ mx.repeat(keys[0], q.shape[1] // keys.shape[1], axis=0).transpose(0, 2, 1)
-                         * self.head_dim**-0.5 + lk.mask(qpos)[0], axis=-1).sum(1)  # (H, S)
+        att = attention_weights_mx(q[0], keys[0], self.scale, lk.mask(qpos)[0]).sum(1)  # (H, S)
         g = q.shape[1] // keys.shape[1]
         acc = np.array(att.reshape(keys.shape[1], g, -1).mean(1))  # (Hkv, S)
         old = self.h2o[layer]

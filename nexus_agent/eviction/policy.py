@@ -16,12 +16,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from native.models.attention import attention_weights
+
 
 @dataclass
 class Observation:
     """One layer's cache as float32 NumPy: keys/values (Hkv, N, D) post-RoPE, positions (N,), queries (H, W, D)
-    post-RoPE at qpos (W,), h2o (Hkv, N) accumulated attention or None. The runtime cache passes values=None
-    and h2o=None to a policy whose `needs` lacks "values" / "history"."""
+    post-RoPE at qpos (W,), h2o (Hkv, N) accumulated attention or None; the layer's attention `scale` (0:
+    D ** -0.5) and sliding `window` (0: global). The runtime cache passes values=None and h2o=None to a policy
+    whose `needs` lacks "values" / "history"."""
 
     keys: np.ndarray
     values: np.ndarray | None
@@ -29,21 +32,16 @@ class Observation:
     queries: np.ndarray
     qpos: np.ndarray
     h2o: np.ndarray | None = None
+    scale: float = 0.0
+    window: int = 0
 
     @property
     def group(self) -> int:
         return self.queries.shape[0] // self.keys.shape[0]
 
     def attention(self) -> np.ndarray:
-        """Causal softmax attention of the buffered queries, (H, W, N), rows sum to 1."""
-        # Per-head 2-D products: a batched matmul contends with MLX for BLAS threads.
-        g = self.group
-        logits = np.stack([self.queries[h] @ self.keys[h // g].T for h in range(self.queries.shape[0])])
-        logits /= np.sqrt(self.keys.shape[-1])  # (H, W, N)
-        logits = np.where(self.positions[None, None, :] <= self.qpos[None, :, None], logits, -np.inf)
-        logits -= logits.max(-1, keepdims=True)
-        a = np.exp(logits)
-        return a / a.sum(-1, keepdims=True)
+        """The model's softmax attention of the buffered queries, (H, W, N), rows sum to 1."""
+        return attention_weights(self.queries, self.keys, self.scale, self.qpos, self.positions, self.window)
 
     def head_mean(self, per_query_head: np.ndarray) -> np.ndarray:
         """Average (H, ...) over the query heads of each KV group -> (Hkv, ...)."""

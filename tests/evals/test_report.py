@@ -30,7 +30,7 @@ def test_eval_all_tiny_writes_report_and_reuses(tmp_path):
     scan = json.loads((out / "scan.json").read_text())
     assert scan["report_meta"]["args"] == list(benchmark("scan").tiny_plan) and set(scan["sizes"]) == {"250", "2000"}
     backends = json.loads((out / "backends.json").read_text())
-    assert backends["backends"]["llamacpp"]["decode_tps"] > 0
+    assert backends["models"]["smollm2"]["backends"]["llamacpp"]["decode_tps"] > 0
     png = out / "scan_time.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     report = (out / "REPORT.md").read_text()

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -33,3 +35,23 @@ def test_eval_splice_writes_every_variant(tmp_path, routing_data):
     assert depths["64"]["bare"]["kl"] > depths["64"]["reanchored"]["kl"]  # rotation buys fidelity at depth
     assert (tmp_path / "splice.png").read_bytes()[:4] == b"\x89PNG"  # fidelity, and TTFT beside it
     assert (tmp_path / "splice_ttft.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_eval_splice_on_gemma3(tmp_path, routing_data):
+    """The packaged Gemma 3 on MLX: fidelity per depth, a block re-anchored beyond its 512-token window included."""
+    out = tmp_path / "splice.json"
+    cmd = [sys.executable, "-m", "nexus_agent.cli", "eval", "splice", "--backend", "mlx", "--model", "gemma3",
+           "--depths", "0,600", "--n-tools", "1", "--tool-file", str(routing_data / "tools.jsonl"),
+           "--json", str(out)]
+    p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "NEXUS_THREADS": "1"}, capture_output=True, text=True,
+                       timeout=1200)  # a hang guard, not a speed bound
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(out.read_text())["backends"]["mlx"]
+    assert r["architecture"] == "gemma3"
+    for d in ("0", "600"):
+        row = r["depths"][d]
+        assert row["text"]["kl"] < 1e-5 and row["text"]["top1"] == 1.0
+        assert row["roundtrip"]["kl"] < 1e-8
+    assert r["depths"]["0"]["reanchored"]["kl"] < 2e-3
+    assert r["depths"]["600"]["bare"]["kl"] > r["depths"]["600"]["reanchored"]["kl"]

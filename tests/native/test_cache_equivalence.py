@@ -8,26 +8,18 @@ by more than twice that drift (a near-tie may flip on another CPU's kernels). Me
 
 import numpy as np
 from corpus_data import PROMPTS, teacher_forced
+from logits import kl
 
 KL_BOUND = 0.01  # nats, llama.cpp only
 DECISIVE = {"mlx": 0.01, "llamacpp": 1.0}  # logits: top-1 leads that no batch split of this backend can flip
-
-
-def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
-    def logsm(x):
-        x = x.astype(np.float64) - x.max(-1, keepdims=True)
-        return x - np.log(np.exp(x).sum(-1, keepdims=True))
-
-    lp, lq = logsm(p_logits), logsm(q_logits)
-    return (np.exp(lp) * (lp - lq)).sum(-1)
 
 
 def assert_same_logits(backend, got: np.ndarray, want: np.ndarray) -> None:
     if backend.name == "mlx":
         np.testing.assert_allclose(got, want, atol=2e-3, rtol=0)
     else:
-        kl = _kl(want, got)
-        assert kl.max() < KL_BOUND, f"KL {kl.max():.4g} nats"
+        d = kl(want, got)
+        assert d.max() < KL_BOUND, f"KL {d.max():.4g} nats"
     got, want = np.atleast_2d(got), np.atleast_2d(want)
     top2 = np.sort(want, -1)[:, -2:]
     decisive = top2[:, 1] - top2[:, 0] > DECISIVE[backend.name]

@@ -1,0 +1,46 @@
+"""`nexus convert`: a GGUF (any architecture in `native.models`) as an MLX / Hugging Face model folder.
+
+The folder holds config.json in the architecture's Hugging Face form, model.safetensors (float32, Hugging
+Face's conventions: half-split Q/K rows, Gemma's norm weights without the GGUF's + 1) and tokenizer.json +
+tokenizer_config.json. mlx-lm's own model classes load it as they are (`nexus eval backends` compares
+against them on the same weights), and so does our MLX backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from native.base import ModelError
+from native.mlx_weights import load_model
+from native.model_files import resolve_model
+from native.models import ARCHITECTURES, architecture
+from native.tokenizer import load_tokenizer
+
+
+def convert(model: str | None, out_dir: str | os.PathLike) -> Path:
+    """Write `model` (a GGUF; None: the packaged SmolLM2) as a model folder at `out_dir`; returns its path."""
+    src = resolve_model(model)
+    loaded, info, _ = load_model(src, quantized=False)
+    arch = architecture(info.architecture, src.path, "general.architecture")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    weights = arch.hf_weights(dict(tree_flatten(loaded.parameters())), loaded.args)
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    try:
+        cfg = arch.hf_config(loaded.args)
+    except ValueError as e:
+        raise ModelError(f"{src.path}: cannot write a config.json for this model ({e})") from None
+    assert ARCHITECTURES.get(cfg["model_type"]) == arch.__name__.rsplit(".", 1)[1]
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    tok = load_tokenizer(src.path)
+    tok._special.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+        "add_bos_token": tok.add_bos}, indent=2))
+    return out
+

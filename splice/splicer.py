@@ -71,10 +71,17 @@ def splice_tool(session: KVSession, backend, tool: Tool, depth: int, profile: Sp
                 root: Path | None = None) -> SpliceResult:
     """Put `tool`'s schema segment into `session` at `session.n_past`; `depth` = tokens after the system prompt.
 
-    Uses the block file when it verifies and the profile allows; otherwise prefills the segment as text.
+    Uses the block file when it verifies, the backend can splice this model and the profile allows; otherwise
+    prefills the segment as text and says why in `fallback` (the agent's trace records it).
     """
-    profile = profile or load_profile(backend)
     t0 = time.perf_counter()
+    if not backend.capabilities.can_splice:  # e.g. llama.cpp on an architecture whose cache cannot K-shift
+        seg = segment_tokens(backend.tokenizer, tool)
+        session.prefill(seg)
+        return SpliceResult(RepairPlan("text", len(seg)), len(seg), len(seg),
+                            fallback=f"{backend.name} cannot splice a {backend.info.architecture} model",
+                            splice_ms=1e3 * (time.perf_counter() - t0))
+    profile = profile or load_profile(backend)
     try:
         c = context_for(depth)
         header, kv = load_block(block_path(backend, tool, root, c), block_key(backend, tool, c))

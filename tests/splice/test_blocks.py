@@ -86,3 +86,20 @@ def test_stale_schema_is_not_spliced(mlx_backend, mlx_block):
     s.prefill([1, 2])
     res = splice_tool(s, mlx_backend, changed, depth=2)
     assert res.fallback and res.redecoded == res.n_tokens
+
+
+def test_a_backend_that_cannot_splice_the_model_prefills_text(llamacpp_backend):
+    """llama.cpp clears `can_splice` for a model whose cache cannot K-shift (no RoPE): the segment is prefilled
+    as text and the reason is returned for the trace. The flag is cleared by hand here: no such model is packaged."""
+    from dataclasses import replace
+
+    caps = llamacpp_backend.capabilities
+    llamacpp_backend.capabilities = replace(caps, can_splice=False)
+    try:
+        s = llamacpp_backend.new_session(n_ctx=1024)
+        s.prefill([1, 2, 3])
+        res = splice_tool(s, llamacpp_backend, TOOL, depth=3)
+    finally:
+        llamacpp_backend.capabilities = caps
+    assert res.fallback == "llamacpp cannot splice a llama model" and res.redecoded == res.n_tokens
+    assert s.n_past == 3 + len(segment_tokens(llamacpp_backend.tokenizer, TOOL))

@@ -116,13 +116,17 @@ def _bits(w: mx.array, scales: mx.array, args: ModelArgs) -> int:
     raise ModelError(f"cannot infer the quantization of a tensor of shape {w.shape} with scales {scales.shape}")
 
 
-def _quantization(weights: dict[str, mx.array], args: ModelArgs) -> tuple[int, int] | None:
+def _quantization(weights: dict[str, mx.array], args: ModelArgs) -> dict[str, tuple[int, int]]:
+    """Module path -> (group size, bits) of every quantized tensor (a GGUF may mix types: Q8_0 embeddings in a
+    Q4_1 file)."""
+    out = {}
     for name, s in weights.items():
         if name.endswith(".scales"):
-            w = weights[name[: -len(".scales")] + ".weight"]
+            stem = name[: -len(".scales")]
+            w = weights[stem + ".weight"]
             bits = _bits(w, s, args)
-            return w.shape[1] * 32 // bits // s.shape[1], bits
-    return None
+            out[stem] = (w.shape[1] * 32 // bits // s.shape[1], bits)
+    return out
 
 
 def load_model(src: ModelSource, quantized: bool | None = None) -> tuple[CausalLM, ModelInfo, dict]:
@@ -146,15 +150,14 @@ def load_model(src: ModelSource, quantized: bool | None = None) -> tuple[CausalL
         quantized = mx.metal.is_available()
     q = _quantization(weights, args)
     if q and not quantized:
-        weights, q = _dequantize_all(weights, args), None
+        weights, q = _dequantize_all(weights, args), {}
     if not q:
         weights = {k: v.astype(mx.float32) for k, v in weights.items()}
     if src.format == "gguf" and hasattr(arch, "from_gguf"):
         weights = arch.from_gguf(weights, args)
     model = arch.Model(args)
     if q:
-        group, bits = q
-        nn.quantize(model, group_size=group, bits=bits, class_predicate=lambda p, m: f"{p}.scales" in weights)
+        nn.quantize(model, class_predicate=lambda p, m: p in q and {"group_size": q[p][0], "bits": q[p][1]})
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:

@@ -128,11 +128,9 @@ class _Ours:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from native.model_files import model_path
-
     result = {"models": {}}
     for name in args.models.split(","):
-        result["models"][name] = run_model(model_path(name), args)
+        result["models"][name] = run_model(name, args)
     return result
 
 

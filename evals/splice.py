@@ -59,7 +59,6 @@ def run_backend(name: str, args) -> dict:
     import numpy as np
 
     from native import load_backend
-    from native.model_files import model_path
     from splice.block import load_block
     from splice.calibrate import CalibrationConfig, calibrate
     from splice.cli import calibration_tools
@@ -68,7 +67,7 @@ def run_backend(name: str, args) -> dict:
     from splice.profile import load_profile
     from splice.prompt import CONTEXTS, context_for
 
-    backend = load_backend(name, model_path(args.model) if args.model else None)
+    backend = load_backend(name, args.model)
     depths = [int(d) for d in args.depths.split(",")]
     if args.calibrate:
         cal = calibration_tools(backend, args.tool_file, args.calib_tools, args.seed)

@@ -13,7 +13,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=list_backends(), default="llamacpp",
                    help="model backend (default: llamacpp; openai: an OpenAI-compatible server, see --base-url)")
     p.add_argument("--model", default=None,
-                   help="GGUF file or MLX/HF model directory (default: packaged SmolLM2-135M); with --backend openai, "
+                   help="GGUF file, MLX/HF model directory or packaged model name (default: smollm2; gemma3 where "
+                        "installed); with --backend openai, "
                         "the served model name (default: $NEXUS_OPENAI_MODEL or the server's first)")
     p.add_argument("--base-url", default=None,
                    help="--backend openai: API root such as http://127.0.0.1:8000/v1 (default: $NEXUS_OPENAI_BASE_URL)")

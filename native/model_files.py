@@ -41,16 +41,6 @@ def packaged_models() -> dict[str, str]:
     return models
 
 
-def model_path(name_or_path: str) -> str:
-    """A packaged model's name (`packaged_models`) or a path, as a path."""
-    if os.path.exists(name_or_path):
-        return name_or_path
-    models = packaged_models()
-    if name_or_path not in models:
-        raise ModelError(f"{name_or_path}: no such model file, and not a packaged model ({', '.join(models)})")
-    return models[name_or_path]
-
-
 @dataclass(frozen=True)
 class ModelSource:
     path: str
@@ -58,10 +48,13 @@ class ModelSource:
 
 
 def resolve_model(model: str | os.PathLike | None) -> ModelSource:
-    """Validate a model path (None: the packaged default); raise ModelError naming the path and the problem."""
+    """Validate a model path or a packaged model's name (`packaged_models`; None: the packaged default); raise
+    ModelError naming the path and the problem."""
     path = default_model_path() if model is None else os.path.abspath(os.fspath(model))
+    if not os.path.exists(path) and model is not None and os.sep not in os.fspath(model):
+        path = packaged_models().get(os.fspath(model), path)  # a packaged model's name: "smollm2", "gemma3"
     if not os.path.exists(path):
-        raise ModelError(f"{path}: no such model file or directory")
+        raise ModelError(f"{path}: no such model file or directory (packaged models: {', '.join(packaged_models())})")
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ModelError(f"{path}: a model directory needs config.json (an MLX/Hugging Face model folder)")

@@ -11,7 +11,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compile", help="compile tool-schema KV blocks for splicing (only stale ones)")
     p.add_argument("--tools", default=None, help="comma-separated tool names (default: every stale tool)")
     p.add_argument("--backend", default="llamacpp", choices=list_backends(can_splice=True))
-    p.add_argument("--model", default=None, help="GGUF file or model folder (default: packaged SmolLM2-135M)")
+    p.add_argument("--model", default=None,
+                   help="GGUF file, model folder or packaged model name (default: smollm2; gemma3 where installed)")
     p.add_argument("--force", action="store_true", help="recompile even fresh blocks")
     p.set_defaults(func=_compile)
     s = sub.add_parser("splice", help="splice profiles").add_subparsers(dest="splice_cmd", required=True)

@@ -1,5 +1,6 @@
 """Model backends behind one small interface (`native.base`), listed with their capabilities in
-`native.registry.BACKENDS`: MLX (our own model files, one per architecture: `native.models`), llama.cpp, and any OpenAI-compatible server.
+`native.registry.BACKENDS`: MLX (our own model files, one per architecture: `native.models`), llama.cpp, and any
+OpenAI-compatible server.
 
 Importing this package first makes MLX use OpenBLAS on Linux (see `native.blas`).
 """

@@ -48,6 +48,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=10, help="candidates reranked")
     p.add_argument("--plot", default=None, help="PNG path for accuracy vs size (default: next to --json)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--examples", choices=EXAMPLES, default="none",
+                   help="templated example rows per tool (registry.examples, from schema fields): template | none "
+                        "(measured: they lower top-1 under best-row scoring, so the router does not route on them)")
+
+
+EXAMPLES = ("template", "none")
+
+
+def _catalogue(emb, tools, f32, examples: str) -> "Catalogue":
+    """The catalogue's rows: tool texts `f32` (T, D) plus, with examples "template", one row per templated
+    example request of each tool (embedded as queries; cached in the Nexus home by text fingerprint)."""
+    import numpy as np
+
+    from registry.atomic import write_atomic
+    from registry.examples import template_examples
+    from registry.home import home_path
+    if examples == "none":
+        return Catalogue(f32, [[i] for i in range(len(tools))])
+    ex = [template_examples(t.name, t.description, t.input_schema) for t in tools]
+    flat = [e for x in ex for e in x]
+    key = hashlib.sha256("\0".join([emb.model_id, *flat]).encode()).hexdigest()[:16]  # ordered: rows follow it
+    cache = home_path("slb", "eval-cache", f"examples-{key}.npy")
+    xv = np.load(cache) if cache.exists() else emb.embed_texts(flat)
+    if not cache.exists():
+        write_atomic(cache, lambda f: np.save(f, xv))
+    rows, at = [], len(tools)
+    for i, x in enumerate(ex):
+        rows.append([i, *range(at, at + len(x))])
+        at += len(x)
+    return Catalogue(np.concatenate([f32, xv]), rows)
 
 
 def check_files(args: argparse.Namespace) -> None:
@@ -77,7 +107,63 @@ def _registry(rng, n_cat: int, gold: int | None, size: int):
     return np.concatenate([[gold], pick[pick != gold][: size - 1]])
 
 
-def _scan_all(qv, golds, f32, m8, sc, size, seed, k):
+class Catalogue:
+    """The catalogue's buffer rows: f32 (R, D) float32 unit rows, m8/sc their INT8 form, tool_rows[i] the row
+    indices of catalogue tool i (its tool text first, then its example rows). Without examples R = T and
+    tool_rows[i] = [i]. `learned[i]`: (n, D) float32 rows added to tool i by confirmed calls (sequential eval)."""
+
+    def __init__(self, f32, tool_rows):
+        import numpy as np
+
+        from slb.buffer import quantize_rows
+
+        self.f32 = np.ascontiguousarray(f32, np.float32)
+        self.m8, self.sc = quantize_rows(self.f32)
+        self.tool_rows = [np.asarray(r, np.int64) for r in tool_rows]
+        self.grouped = any(len(r) > 1 for r in self.tool_rows)
+        self.learned: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.tool_rows)
+
+    def registry(self, idx):
+        """(m8 (R', D) int8, scales (R',), f32 (R', D), row_tool (R',) int32 or None) of the tools `idx`."""
+        import numpy as np
+
+        from slb.buffer import quantize_rows
+
+        if not self.grouped and not self.learned:
+            return (np.ascontiguousarray(self.m8[idx]), np.ascontiguousarray(self.sc[idx]), self.f32[idx], None)
+        rows = [self.tool_rows[i] for i in idx]
+        m8, sc, f32 = self.m8[np.concatenate(rows)], self.sc[np.concatenate(rows)], self.f32[np.concatenate(rows)]
+        counts = np.array([len(r) for r in rows])
+        extra = [(j, self.learned[i]) for j, i in enumerate(idx) if i in self.learned]
+        if extra:  # learned rows of tool j go right after its own rows (rows of a tool stay contiguous)
+            parts_f, parts_t = [f32], [np.repeat(np.arange(len(idx)), counts)]
+            for j, x in extra:
+                parts_f.append(x)
+                parts_t.append(np.full(len(x), j))
+            f32 = np.concatenate(parts_f)
+            order = np.argsort(np.concatenate(parts_t), kind="stable")
+            f32 = np.ascontiguousarray(f32[order])
+            m8, sc = quantize_rows(f32)
+            row_tool = np.sort(np.concatenate(parts_t)).astype(np.int32)
+        else:
+            row_tool = np.repeat(np.arange(len(idx), dtype=np.int32), counts)
+        return np.ascontiguousarray(m8), np.ascontiguousarray(sc), f32, row_tool
+
+
+def _float_top1(f32, row_tool, q) -> int:
+    """Registry position of the best tool by float32 cosine (a tool scores its best row)."""
+    import numpy as np
+
+    s = f32 @ q
+    if row_tool is not None:
+        s = np.maximum.reduceat(s, np.flatnonzero(np.r_[True, np.diff(row_tool) != 0]))
+    return int(np.argmax(s))
+
+
+def _scan_all(qv, golds, cat, size, seed, k):
     """Per query: float top-1, int8 top-k scores/ids (catalogue ids), registry indices (gold first)."""
     import numpy as np
 
@@ -86,14 +172,15 @@ def _scan_all(qv, golds, f32, m8, sc, size, seed, k):
     rng = np.random.default_rng(seed)
     out = []
     for q, g in zip(qv, golds):
-        idx = _registry(rng, len(f32), g, size)
-        top_f = int(idx[int(np.argmax(f32[idx] @ q))])
-        s, ids = scan(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx]), q, k)
+        idx = _registry(rng, len(cat), g, size)
+        m8, sc, f32, row_tool = cat.registry(idx)
+        top_f = int(idx[_float_top1(f32, row_tool, q)])
+        s, ids = scan(m8, sc, q, k, row_tool=row_tool)
         out.append((top_f, s, idx[ids], idx))
     return out
 
 
-def _fit_weights(rr, texts, lexical, qtexts, qv, golds, f32, m8, sc, size, seed, k, limit=2000) -> dict:
+def _fit_weights(rr, texts, lexical, qtexts, qv, golds, cat, size, seed, k, limit=2000) -> dict:
     """Fusion weights fitted on (at most `limit`) calibration queries at registry size `size`:
     {"lex_weight", "ce_weight"} (with the cross-encoder, when there is one) and "lex_only" (ce_weight 0)."""
     import numpy as np
@@ -103,7 +190,7 @@ def _fit_weights(rr, texts, lexical, qtexts, qv, golds, f32, m8, sc, size, seed,
     if len(qtexts) == 0:
         return {"lex_weight": 0.0, "ce_weight": 0.0, "lex_only": 0.0}
     sel = np.random.default_rng(seed).permutation(len(qtexts))[:limit]
-    res = _scan_all(qv[sel], golds[sel], f32, m8, sc, size, seed + 104729, k)
+    res = _scan_all(qv[sel], golds[sel], cat, size, seed + 104729, k)
     k_eff = min(len(r[1]) for r in res)
     cos = np.stack([r[1][:k_eff] for r in res])
     lex = np.stack([lexical.subset(r[3]).scores(qtexts[j], [int(np.flatnonzero(r[3] == c)[0]) for c in r[2][:k_eff]])
@@ -125,7 +212,6 @@ def run(args: argparse.Namespace) -> dict:
 
     from registry.atomic import write_atomic
     from registry.home import home_path
-    from slb.buffer import quantize_rows
     from slb.embedder import Embedder, EmbedderConfig
     from slb.gate import GateConfig, gate_stats, pick_floor, pick_tau
     from slb.reranker import Reranker, registry_fingerprint
@@ -152,7 +238,7 @@ def run(args: argparse.Namespace) -> dict:
     f32 = np.load(cache) if cache.exists() else emb.embed_tools(tools)
     if not cache.exists():
         write_atomic(cache, lambda f: np.save(f, f32))  # a torn cache would be loaded on the next run
-    m8, sc = quantize_rows(f32)
+    cat = _catalogue(emb, tools, f32, args.examples)
     embed_tools_s = time.perf_counter() - t0
     qv = emb.embed_texts([q["query"] for q in scored])
     golds = np.array([pos[q["gold_tool"]] for q in scored])
@@ -189,21 +275,22 @@ def run(args: argparse.Namespace) -> dict:
     if cross_fit:
         qtexts = [q["query"] for q in scored]
         weights = {f: _fit_weights(rr[f], texts, lexical, [qtexts[i] for i in np.flatnonzero(folds != f)],
-                                   qv[folds != f], golds[folds != f], f32, m8, sc, fit_size, args.seed + f, args.k)
+                                   qv[folds != f], golds[folds != f], cat, fit_size, args.seed + f, args.k)
                    for f in (0, 1)}
     else:
-        w = _fit_weights(rr[0], texts, lexical, [q["query"] for q in calib], cv, cgolds, f32, m8, sc, fit_size,
+        w = _fit_weights(rr[0], texts, lexical, [q["query"] for q in calib], cv, cgolds, cat, fit_size,
                          args.seed, args.k)
         weights = {0: w, 1: w}
     result = {"sizes": {}, "fusion_weights": weights, "fit_size": fit_size, "queries": len(scored),
               "irrelevant": len(irr), "calib_queries": len(calib),
               "cross_fit": cross_fit, "recipe": args.recipe, "seed": args.seed, "target": args.target,
               "reranker": {f: str(p) for f, p in rr_paths.items()} or None, "reranker_train_s": train_s,
-              "embed_catalogue_s": embed_tools_s, "catalogue": len(tools)}
+              "embed_catalogue_s": embed_tools_s, "catalogue": len(tools), "examples": args.examples,
+              "catalogue_rows": len(cat.f32)}
     print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'lexonly':>7} {'auto%':>6} {'autoP':>6} {'none%':>6} "
           f"{'p50ms':>7} {'tau':>6} {'floor':>6}")
     for size in sizes:
-        res = _scan_all(qv, golds, f32, m8, sc, size, args.seed + size, args.k)
+        res = _scan_all(qv, golds, cat, size, args.seed + size, args.k)
         top1_f = np.array([r[0] for r in res]) == golds
         top1_8 = np.array([r[2][0] for r in res]) == golds
         margins = np.array([r[1][0] - r[1][1] if len(r[1]) > 1 else 1.0 for r in res])
@@ -218,7 +305,7 @@ def run(args: argparse.Namespace) -> dict:
                                       args.k, weights[f]["lex_weight"], weights[f]["ce_weight"])
             gate_of = [gates[f] for f in folds]
         else:
-            cres = _scan_all(cv, cgolds, f32, m8, sc, size, args.seed + 7919 + size, args.k)
+            cres = _scan_all(cv, cgolds, cat, size, args.seed + 7919 + size, args.k)
             cm = np.array([r[1][0] - r[1][1] for r in cres])
             cc = np.array([r[2][0] for r in cres]) == cgolds
             g = GateConfig(pick_tau(cm, cc, args.target),
@@ -226,13 +313,13 @@ def run(args: argparse.Namespace) -> dict:
                            args.k, weights[0]["lex_weight"], weights[0]["ce_weight"])
             gate_of = [g] * len(scored)
         # routed on the very registries the embed / INT8 columns were scored on (res[i][3])
-        routed, paths, lat = _route_all(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, m8, sc, lexical)
+        routed, paths, lat = _route_all(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, cat, lexical)
         lex_gates = [dataclasses.replace(gg, lex_weight=weights[f]["lex_only"], ce_weight=0.0)
                      for gg, f in zip(gate_of, folds)]
         if all(a == b for a, b in zip(lex_gates, gate_of)):  # fitted ce_weight 0 and the same lex weight: identical
             routed_lex, lat_lex = routed, lat
         else:
-            routed_lex, _, lat_lex = _route_all(emb, scored, qv, golds, res, lex_gates, folds, rr, tools, names, m8, sc,
+            routed_lex, _, lat_lex = _route_all(emb, scored, qv, golds, res, lex_gates, folds, rr, tools, names, cat,
                                                 lexical)
         paths = np.array(paths)
         auto = paths == "auto"
@@ -243,7 +330,8 @@ def run(args: argparse.Namespace) -> dict:
             nn = 0
             for q, v in zip(irr, iv):
                 idx = _registry(rng_i, len(tools), None, size)
-                s, _ = scan(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx]), v, 2)
+                m8_i, sc_i, _, rt_i = cat.registry(idx)
+                s, _ = scan(m8_i, sc_i, v, 2, row_tool=rt_i)
                 nn += bool(s[0] < g.floor)
             none_prec = nn / len(irr)
         row = {
@@ -273,9 +361,8 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def _route_all(emb, scored, qv, golds, res, gates, folds, rr, tools, names, m8, sc, lexical):
+def _route_all(emb, scored, qv, golds, res, gates, folds, rr, tools, names, cat, lexical):
     """Route every scored query over its registry res[i][3]: (correct, paths, total ms) lists."""
-    import numpy as np
 
     from slb.index import ScanIndex
     from slb.router import Router
@@ -283,7 +370,8 @@ def _route_all(emb, scored, qv, golds, res, gates, folds, rr, tools, names, m8, 
     routed, paths, lat = [], [], []
     for q, v, g, r, gate, f in zip(scored, qv, golds, res, gates, folds):
         idx = r[3]
-        router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])),
+        m8, sc, _, row_tool = cat.registry(idx)
+        router = Router(emb, ScanIndex(m8, sc, row_tool=row_tool),
                         [tools[i] for i in idx], gate, rr[f], lexical=lexical.subset(idx))
         d = router.route(q["query"], v)
         routed.append(d.tool == names[g])

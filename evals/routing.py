@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=10, help="candidates reranked")
     p.add_argument("--plot", default=None, help="PNG path for accuracy vs size (default: next to --json)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--abstain", choices=("fitted", "floor"), default="fitted",
+                   help="none test: fitted (score + weight x margin, fitted with leave-gold-out negatives) | floor")
+    p.add_argument("--learn-cap", type=int, default=32, help="learned example rows kept per tool (top1_learned)")
     p.add_argument("--examples", choices=EXAMPLES, default="none",
                    help="templated example rows per tool (registry.examples, from schema fields): template | none "
                         "(measured: they lower top-1 under best-row scoring, so the router does not route on them)")
@@ -153,6 +156,25 @@ class Catalogue:
         return np.ascontiguousarray(m8), np.ascontiguousarray(sc), f32, row_tool
 
 
+def _abstention(args, res, golds) -> tuple[float, float]:
+    """(none_margin, floor) fitted on the scan results `res` of labelled queries (`--abstain`): "floor" keeps
+    `--floor-recall` of their top-1 cosines above the floor (none_margin 0); "fitted" also scores each query
+    with its gold tool left out (the registry's own no-tool negatives, slb.gate.leave_gold_out) and picks the
+    margin weight that rejects most of those at the same recall (slb.gate.pick_abstention)."""
+    import numpy as np
+
+    from slb.gate import leave_gold_out, pick_abstention, pick_floor
+
+    top1 = np.array([r[1][0] for r in res])
+    margin = np.array([r[1][0] - r[1][1] if len(r[1]) > 1 else 1.0 for r in res])
+    if args.abstain == "floor" or min(len(r[1]) for r in res) < 3:
+        return 0.0, pick_floor(top1, args.floor_recall)
+    k = min(len(r[1]) for r in res)
+    neg_top1, neg_margin = leave_gold_out(np.stack([r[1][:k] for r in res]), np.stack([r[2][:k] for r in res]),
+                                          np.asarray(golds))
+    return pick_abstention(top1, margin, neg_top1, neg_margin, args.floor_recall)
+
+
 def _float_top1(f32, row_tool, q) -> int:
     """Registry position of the best tool by float32 cosine (a tool scores its best row)."""
     import numpy as np
@@ -213,7 +235,7 @@ def run(args: argparse.Namespace) -> dict:
     from registry.atomic import write_atomic
     from registry.home import home_path
     from slb.embedder import Embedder, EmbedderConfig
-    from slb.gate import GateConfig, gate_stats, pick_floor, pick_tau
+    from slb.gate import GateConfig, gate_stats, none_score, pick_tau
     from slb.reranker import Reranker, registry_fingerprint
     from slb.scan import scan
     from slb.tools import as_entry
@@ -287,30 +309,29 @@ def run(args: argparse.Namespace) -> dict:
               "reranker": {f: str(p) for f, p in rr_paths.items()} or None, "reranker_train_s": train_s,
               "embed_catalogue_s": embed_tools_s, "catalogue": len(tools), "examples": args.examples,
               "catalogue_rows": len(cat.f32)}
-    print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'lexonly':>7} {'auto%':>6} {'autoP':>6} {'none%':>6} "
-          f"{'p50ms':>7} {'tau':>6} {'floor':>6}")
+    print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'lexonly':>7} {'learned':>7} {'auto%':>6} {'autoP':>6} "
+          f"{'none%':>6} {'rel>0':>6} {'p50ms':>7} {'p99ms':>7} {'tau':>6} {'floor':>6}")
     for size in sizes:
         res = _scan_all(qv, golds, cat, size, args.seed + size, args.k)
         top1_f = np.array([r[0] for r in res]) == golds
         top1_8 = np.array([r[2][0] for r in res]) == golds
         margins = np.array([r[1][0] - r[1][1] if len(r[1]) > 1 else 1.0 for r in res])
-        top1s = np.array([r[1][0] for r in res])
         # thresholds per scored query: from calib, or from the other fold
         if cross_fit:
             gates = {}
             for f in (0, 1):
                 o = folds != f
-                gates[f] = GateConfig(pick_tau(margins[o], top1_8[o], args.target),
-                                      pick_floor(top1s[o], args.floor_recall),
-                                      args.k, weights[f]["lex_weight"], weights[f]["ce_weight"])
+                nm, fl = _abstention(args, [r for r, oo in zip(res, o) if oo], golds[o])
+                gates[f] = GateConfig(pick_tau(margins[o], top1_8[o], args.target), fl,
+                                      args.k, weights[f]["lex_weight"], weights[f]["ce_weight"], nm)
             gate_of = [gates[f] for f in folds]
         else:
             cres = _scan_all(cv, cgolds, cat, size, args.seed + 7919 + size, args.k)
             cm = np.array([r[1][0] - r[1][1] for r in cres])
             cc = np.array([r[2][0] for r in cres]) == cgolds
-            g = GateConfig(pick_tau(cm, cc, args.target),
-                           pick_floor(np.array([r[1][0] for r in cres]), args.floor_recall),
-                           args.k, weights[0]["lex_weight"], weights[0]["ce_weight"])
+            nm, fl = _abstention(args, cres, cgolds)
+            g = GateConfig(pick_tau(cm, cc, args.target), fl, args.k, weights[0]["lex_weight"],
+                           weights[0]["ce_weight"], nm)
             gate_of = [g] * len(scored)
         # routed on the very registries the embed / INT8 columns were scored on (res[i][3])
         routed, paths, lat = _route_all(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, cat, lexical)
@@ -321,6 +342,8 @@ def run(args: argparse.Namespace) -> dict:
         else:
             routed_lex, _, lat_lex = _route_all(emb, scored, qv, golds, res, lex_gates, folds, rr, tools, names, cat,
                                                 lexical)
+        learned = _route_learned(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, cat, lexical,
+                                 args.learn_cap)
         paths = np.array(paths)
         auto = paths == "auto"
         none_prec = None
@@ -332,27 +355,31 @@ def run(args: argparse.Namespace) -> dict:
                 idx = _registry(rng_i, len(tools), None, size)
                 m8_i, sc_i, _, rt_i = cat.registry(idx)
                 s, _ = scan(m8_i, sc_i, v, 2, row_tool=rt_i)
-                nn += bool(s[0] < g.floor)
+                nn += bool(none_score(s[0], s[0] - s[1] if len(s) > 1 else 1.0, g.none_margin) < g.floor)
             none_prec = nn / len(irr)
         row = {
             "top1_embed": float(top1_f.mean()), "top1_int8": float(top1_8.mean()),
             "top1_routed": float(np.mean(routed)),
             "top1_routed_lex": float(np.mean(routed_lex)),
+            "top1_learned": float(np.mean(learned)),
             "auto_rate": float(auto.mean()),
             "auto_precision": float(np.array(routed)[auto].mean()) if auto.any() else None,
             "rerank_rate": float((paths == "rerank").mean()), "none_rate_relevant": float((paths == "none").mean()),
+            "relevant_to_none": float((paths == "none").mean()),
             "none_precision": none_prec, "route_ms_p50": float(np.percentile(lat, 50)),
             "route_ms_p99": float(np.percentile(lat, 99)),
             "route_ms_p50_lex": float(np.percentile(lat_lex, 50)),
             "route_ms_p99_lex": float(np.percentile(lat_lex, 99)),
             "tau": float(np.mean([gg.tau for gg in gate_of])), "floor": float(np.mean([gg.floor for gg in gate_of])),
+            "none_margin": float(np.mean([gg.none_margin for gg in gate_of])),
             "gate_stats_int8": gate_stats(margins, top1_8, float(np.mean([gg.tau for gg in gate_of]))),
         }
         result["sizes"][str(size)] = row
         print(f"{size:>6} {row['top1_embed']:7.3f} {row['top1_int8']:7.3f} {row['top1_routed']:7.3f} "
-              f"{row['top1_routed_lex']:7.3f} {row['auto_rate']*100:6.1f} "
+              f"{row['top1_routed_lex']:7.3f} {row['top1_learned']:7.3f} {row['auto_rate']*100:6.1f} "
               f"{(row['auto_precision'] or 0):6.3f} {(none_prec if none_prec is not None else float('nan'))*100:6.1f} "
-              f"{row['route_ms_p50']:7.2f} {row['tau']:6.3f} {row['floor']:6.3f}")
+              f"{row['relevant_to_none']*100:6.1f} {row['route_ms_p50']:7.2f} {row['route_ms_p99']:7.2f} "
+              f"{row['tau']:6.3f} {row['floor']:6.3f}")
     _embed_latency(emb, scored, result)
     plot = args.plot or (str(Path(args.json_out).with_suffix(".png")) if getattr(args, "json_out", None) else None)
     if plot:
@@ -378,6 +405,36 @@ def _route_all(emb, scored, qv, golds, res, gates, folds, rr, tools, names, cat,
         paths.append(d.path)
         lat.append(d.timings["total_ms"])
     return routed, paths, lat
+
+
+def _route_learned(emb, scored, qv, golds, res, gates, folds, rr, tools, names, cat, lexical, cap: int):
+    """Sequential protocol of learning from confirmed calls: queries in file order (so each tool's queries in
+    a fixed order); each is routed over its registry res[i][3] with the learned rows of every tool in it
+    (the embeddings of the earlier queries confirmed for that tool, at most `cap`, deduplicated by text), then
+    confirmed (its query becomes a learned row of its gold tool). Every query is scored once, before it is
+    learned from. Returns the (Q,) correctness list."""
+    import numpy as np
+
+    from slb.index import ScanIndex
+    from slb.router import Router
+
+    seen: dict[int, list[tuple[str, np.ndarray]]] = {}
+    routed = []
+    try:
+        for q, v, g, r, gate, f in zip(scored, qv, golds, res, gates, folds):
+            idx = r[3]
+            cat.learned = {i: np.stack([x for _, x in seen[i]]) for i in idx if i in seen}
+            m8, sc, _, row_tool = cat.registry(idx)
+            router = Router(emb, ScanIndex(m8, sc, row_tool=row_tool), [tools[i] for i in idx], gate, rr[f],
+                            lexical=lexical.subset(idx))
+            routed.append(router.route(q["query"], v).tool == names[g])
+            rows = seen.setdefault(int(g), [])
+            if all(t != q["query"] for t, _ in rows):
+                rows.append((q["query"], v))
+                del rows[:-cap]
+    finally:
+        cat.learned = {}
+    return routed
 
 
 def _train_rerankers(tools, emb, labelled: dict, args) -> tuple[dict, float | None]:
@@ -416,11 +473,13 @@ def table(r: dict) -> str:
         v = s.get("none_precision")
         return "—" if v is None or v != v else pct(v)
 
-    return md_table(["tools", "top-1 float32", "top-1 INT8", "top-1 routed", "top-1 routed (no CE)", "auto-routed",
-                     "auto precision", "irrelevant → none", "route p50 (ms)"],
+    return md_table(["tools", "top-1 float32", "top-1 INT8", "top-1 routed", "top-1 routed (no CE)",
+                     "top-1 learned (sequential)", "auto-routed", "auto precision", "irrelevant → none",
+                     "relevant → none", "route p50 (ms)", "route p99 (ms)"],
                     [[n, pct(s["top1_embed"]), pct(s["top1_int8"]), pct(s["top1_routed"]),
-                      pct(s.get("top1_routed_lex")), pct(s["auto_rate"]),
-                      pct(s["auto_precision"]), none_precision(s), s["route_ms_p50"]]
+                      pct(s.get("top1_routed_lex")), pct(s.get("top1_learned")), pct(s["auto_rate"]),
+                      pct(s["auto_precision"]), none_precision(s), pct(s.get("relevant_to_none")), s["route_ms_p50"],
+                      s.get("route_ms_p99")]
                      for n, s in sorted(r["sizes"].items(), key=lambda kv: int(kv[0]))])
 
 
@@ -431,8 +490,10 @@ def accuracy_figure(r: dict):
         return None
     fig, ax = pyplot().subplots(figsize=(6, 4))
     for key, label, style in (("top1_embed", "embedding float32", "-"), ("top1_int8", "embedding INT8", "--"),
-                              ("top1_routed", "gated + reranked router", "-")):
-        ax.plot(sizes, [r["sizes"][str(s)][key] * 100 for s in sizes], style, marker="o", label=label)
+                              ("top1_routed", "gated + reranked router", "-"),
+                              ("top1_learned", "router + learned examples (sequential)", ":")):
+        if all(key in r["sizes"][str(s)] for s in sizes):
+            ax.plot(sizes, [r["sizes"][str(s)][key] * 100 for s in sizes], style, marker="o", label=label)
     log_ticks(ax, sizes)
     ax.set(xlabel="registry size (tools, log scale)", ylabel="top-1 accuracy (%)",
            title="Routing accuracy vs registry size")

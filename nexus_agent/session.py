@@ -58,4 +58,8 @@ def open_agent(session: SessionConfig | None = None, agent: AgentConfig | None =
     pool = ServerPool.from_store(store, servers)
     backend = backend or load_backend(session.backend, session.model)
     trace = Trace(session.trace_path, on_event)
-    return Agent(backend, router, tools, pool, agent, memory, trace, on_text)
+    from slb.learn import ExampleLearner, LearnConfig
+
+    learner = ExampleLearner(store, LearnConfig.from_env())  # opt out: NEXUS_LEARN=0
+    return Agent(backend, router, tools, pool, agent, memory, trace, on_text,
+                 on_confirmed=learner.confirm if learner.config.enabled else None)

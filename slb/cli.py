@@ -13,6 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--mode", choices=("gate", "embed", "rerank"), default="gate")
     r.add_argument("--reranker", default=None, help="a CrossEncoder folder (default: the registry's trained one)")
     r.add_argument("--json", action="store_true", help="print the decision as JSON")
+    r.add_argument("--label", metavar="TOOL", default=None,
+                   help="confirm or correct the route: store the request as a learned example of TOOL and rebuild "
+                        "the buffer (incremental)")
     r.set_defaults(func=_route)
 
     p = sub.add_parser("slb", help="the semantic lookaside buffer (routing index)")
@@ -54,9 +57,14 @@ def _route(args: argparse.Namespace) -> int:
     router = open_router(args.mode, args.reranker)
     load_ms = (time.perf_counter() - t0) * 1e3
     d = router.route(args.query)
+    label = _label(args) if args.label else None
+    if label is None and args.label:
+        return 1
     if args.json:
-        print(json.dumps(d.as_dict() | {"load_ms": load_ms}, indent=2))
+        print(json.dumps(d.as_dict() | {"load_ms": load_ms} | ({"label": label} if label else {}), indent=2))
         return 0
+    if label:
+        print(f"label {args.label}: {label}")
     t = d.timings
     print(f"{d.path}: {d.tool or '(no tool)'}  score={d.score:.3f} margin={d.margin:.3f}")
     print(f"  route {t['total_ms']:.1f} ms (embed {t['embed_ms']:.1f}, scan {1e3 * t['scan_ms']:.0f} µs, "
@@ -65,6 +73,26 @@ def _route(args: argparse.Namespace) -> int:
         print(f"  {name:<40} cos={cos:.3f}" + (f" bm25={lex:.2f}" if lex is not None else "")
               + (f" rerank={logit:.2f}" if logit is not None else ""))
     return 0
+
+
+def _label(args: argparse.Namespace) -> str | None:
+    """Store the query as a learned example of --label TOOL and rebuild the buffer; a status line, or None
+    (error printed) for an unknown tool."""
+    import sys
+
+    from registry.store import RegistryStore
+    from slb.learn import ExampleLearner, LearnConfig
+    from slb.service import build
+
+    with RegistryStore() as store:
+        try:
+            new = ExampleLearner(store, LearnConfig()).confirm(args.query, args.label, force=True)
+        except (KeyError, ValueError) as e:
+            print(f"nexus route --label: {e.args[0]}", file=sys.stderr)
+            return None
+        r = build(store)
+    return (f"learned ({r.examples_embedded} row embedded, buffer {r.rows} rows)" if new
+            else "already an example of this tool")
 
 
 def _build(args: argparse.Namespace) -> int:

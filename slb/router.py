@@ -73,7 +73,7 @@ class Router:
         timings = {"embed_ms": (t1 - t0) * 1e3, "scan_ms": (t2 - t1) * 1e3, "rerank_ms": 0.0}
         if self.mode == "embed":
             tool, path = cands[0][0], "auto"
-        elif top1 < self.gate.floor:
+        elif top1 + self.gate.none_margin * margin < self.gate.floor:
             tool, path = None, "none"
         elif self.mode == "gate" and margin > self.gate.tau:
             tool, path = cands[0][0], "auto"

@@ -4,16 +4,14 @@ the CLI, learned ones capped; all versioned with the schema hash and kept across
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from registry.examples import MAX_TEMPLATES, template_examples
 from registry.store import RegistryStore
 
-from .test_store import REPO, tool_dict
+from .test_cli import nexus
+from .test_store import tool_dict
 
 WEATHER = {"name": "get_weather", "description": "Returns the current weather for a city. Data from a public API.",
            "inputSchema": {"type": "object", "required": ["city"], "properties": {
@@ -69,9 +67,7 @@ def test_bad_examples_field_rejects_only_that_tool(store):
 
 
 def _nexus(home, *args):
-    env = dict(os.environ, NEXUS_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "nexus_agent.cli", *args], capture_output=True, text=True,
-                          timeout=120, cwd=REPO, env=env)
+    return nexus(*args, home=home)
 
 
 def test_cli_examples_add_list_show(nexus_home, tmp_path):

@@ -35,8 +35,9 @@ def test_routing_eval_keys_and_no_fitting_on_scored_queries(tmp_path):
     for n in ("4", "12"):
         row = res["sizes"][n]
         for key in ("top1_embed", "top1_int8", "top1_routed", "auto_rate", "auto_precision", "none_precision",
-                    "route_ms_p50"):
+                    "route_ms_p50", "top1_learned", "relevant_to_none", "route_ms_p99"):
             assert key in row
+        assert 0 <= row["top1_learned"] <= 1 and row["relevant_to_none"] == row["none_rate_relevant"]
         assert 0.8 <= row["top1_embed"] <= 1 and abs(row["top1_int8"] - row["top1_embed"]) <= 1 / 12
     assert (tmp_path / "acc.png").stat().st_size > 5000
 

@@ -11,6 +11,11 @@ fold, on the synthesized queries plus the other fold's labelled queries, and sco
 Below tau the candidates are ordered by cosine + lex_weight · BM25/max BM25 (IDF over the query's registry,
 slb.lexical) + ce_weight · cross-encoder logit; both weights are fitted (gate.pick_fusion_weights) at one size
 on calibration queries or the other fold. top1_routed_lex is the same gate with ce_weight 0 (lexical only).
+The margin is measured to the first candidate that is not a near-duplicate of the top-1 (slb.duplicates);
+top1_routed_dup_aware also counts a near-duplicate of the gold tool as correct (top1_routed stays strict).
+top1_learned: the sequential protocol of learning from confirmed calls (_route_learned). relevant_to_none:
+share of relevant queries routed to none; none_precision: share of --irrelevant prompts routed to none.
+decision_ms_p50/p99: the whole decision (query embedding + scan + gate + fusion) on the first --timed queries.
 Every column of a size scores each query on one registry (the same sample for embed, INT8 and routing).
 """
 
@@ -51,6 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--abstain", choices=("fitted", "floor"), default="floor",
                    help="none test: floor (top-1 cosine) | fitted (score + weight x margin, fitted with leave-gold-out "
                         "negatives; measured +1.4 points irrelevant -> none at 250 tools for +0.5 relevant -> none)")
+    p.add_argument("--timed", type=int, default=100, help="queries timed as whole decisions (decision_ms_*)")
     p.add_argument("--learn-cap", type=int, default=32, help="learned example rows kept per tool (top1_learned)")
     p.add_argument("--examples", choices=EXAMPLES, default="none",
                    help="templated example rows per tool (registry.examples, from schema fields): template | none "
@@ -126,6 +132,22 @@ class Catalogue:
         self.tool_rows = [np.asarray(r, np.int64) for r in tool_rows]
         self.grouped = any(len(r) > 1 for r in self.tool_rows)
         self.learned: dict[int, np.ndarray] = {}
+        from slb.duplicates import duplicate_map, duplicate_pairs
+
+        # near-duplicate tools of the catalogue by their tool-text rows (slb.duplicates), catalogue ids
+        self.dups = duplicate_map(duplicate_pairs(self.f32[[r[0] for r in self.tool_rows]]))
+
+    def margin(self, scores, ids) -> float:
+        """Scan margin as the router measures it: to the first candidate (catalogue ids) not a duplicate of
+        the top-1."""
+        from slb.duplicates import margin_to_distinct
+
+        return margin_to_distinct(scores, ids, self.dups)
+
+    def registry_duplicates(self, idx) -> list[tuple[int, int, float]]:
+        """Near-duplicate pairs among the tools `idx`, as registry positions (for slb.router.Router)."""
+        at = {int(i): j for j, i in enumerate(idx)}
+        return [(at[a], at[b], c) for a in at for b, c in self.dups.get(a, {}).items() if b in at and at[a] < at[b]]
 
     def __len__(self) -> int:
         return len(self.tool_rows)
@@ -167,7 +189,7 @@ def _abstention(args, res, golds) -> tuple[float, float]:
     from slb.gate import leave_gold_out, pick_abstention, pick_floor
 
     top1 = np.array([r[1][0] for r in res])
-    margin = np.array([r[1][0] - r[1][1] if len(r[1]) > 1 else 1.0 for r in res])
+    margin = np.array([r[1][0] - r[1][1] if len(r[1]) > 1 else 1.0 for r in res])  # plain: the none test's
     if args.abstain == "floor" or min(len(r[1]) for r in res) < 3:
         return 0.0, pick_floor(top1, args.floor_recall)
     k = min(len(r[1]) for r in res)
@@ -309,14 +331,14 @@ def run(args: argparse.Namespace) -> dict:
               "cross_fit": cross_fit, "recipe": args.recipe, "seed": args.seed, "target": args.target,
               "reranker": {f: str(p) for f, p in rr_paths.items()} or None, "reranker_train_s": train_s,
               "embed_catalogue_s": embed_tools_s, "catalogue": len(tools), "examples": args.examples,
-              "catalogue_rows": len(cat.f32)}
+              "catalogue_rows": len(cat.f32), "duplicate_pairs": sum(len(d) for d in cat.dups.values()) // 2}
     print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'lexonly':>7} {'learned':>7} {'auto%':>6} {'autoP':>6} "
           f"{'none%':>6} {'rel>0':>6} {'p50ms':>7} {'p99ms':>7} {'tau':>6} {'floor':>6}")
     for size in sizes:
         res = _scan_all(qv, golds, cat, size, args.seed + size, args.k)
         top1_f = np.array([r[0] for r in res]) == golds
         top1_8 = np.array([r[2][0] for r in res]) == golds
-        margins = np.array([r[1][0] - r[1][1] if len(r[1]) > 1 else 1.0 for r in res])
+        margins = np.array([cat.margin(r[1], r[2]) for r in res])
         # thresholds per scored query: from calib, or from the other fold
         if cross_fit:
             gates = {}
@@ -328,14 +350,18 @@ def run(args: argparse.Namespace) -> dict:
             gate_of = [gates[f] for f in folds]
         else:
             cres = _scan_all(cv, cgolds, cat, size, args.seed + 7919 + size, args.k)
-            cm = np.array([r[1][0] - r[1][1] for r in cres])
+            cm = np.array([cat.margin(r[1], r[2]) for r in cres])
             cc = np.array([r[2][0] for r in cres]) == cgolds
             nm, fl = _abstention(args, cres, cgolds)
             g = GateConfig(pick_tau(cm, cc, args.target), fl, args.k, weights[0]["lex_weight"],
                            weights[0]["ce_weight"], nm)
             gate_of = [g] * len(scored)
         # routed on the very registries the embed / INT8 columns were scored on (res[i][3])
-        routed, paths, lat = _route_all(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, cat, lexical)
+        chosen: list = []
+        routed, paths, lat = _route_all(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, cat, lexical,
+                                        chosen)
+        # duplicate-aware: the chosen tool is the gold one or a near-duplicate of it (slb.duplicates)
+        dup_ok = [c is not None and (pos[c] == g or pos[c] in cat.dups.get(int(g), {})) for c, g in zip(chosen, golds)]
         lex_gates = [dataclasses.replace(gg, lex_weight=weights[f]["lex_only"], ce_weight=0.0)
                      for gg, f in zip(gate_of, folds)]
         if all(a == b for a, b in zip(lex_gates, gate_of)):  # fitted ce_weight 0 and the same lex weight: identical
@@ -343,6 +369,7 @@ def run(args: argparse.Namespace) -> dict:
         else:
             routed_lex, _, lat_lex = _route_all(emb, scored, qv, golds, res, lex_gates, folds, rr, tools, names, cat,
                                                 lexical)
+        dec = _decision_latency(emb, scored, res, gate_of, folds, rr, tools, cat, lexical, args.timed)
         learned = _route_learned(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, cat, lexical,
                                  args.learn_cap)
         paths = np.array(paths)
@@ -363,12 +390,15 @@ def run(args: argparse.Namespace) -> dict:
             "top1_routed": float(np.mean(routed)),
             "top1_routed_lex": float(np.mean(routed_lex)),
             "top1_learned": float(np.mean(learned)),
+            "top1_routed_dup_aware": float(np.mean(dup_ok)),
             "auto_rate": float(auto.mean()),
             "auto_precision": float(np.array(routed)[auto].mean()) if auto.any() else None,
             "rerank_rate": float((paths == "rerank").mean()), "none_rate_relevant": float((paths == "none").mean()),
             "relevant_to_none": float((paths == "none").mean()),
             "none_precision": none_prec, "route_ms_p50": float(np.percentile(lat, 50)),
             "route_ms_p99": float(np.percentile(lat, 99)),
+            "decision_ms_p50": float(np.percentile(dec, 50)) if dec else None,
+            "decision_ms_p99": float(np.percentile(dec, 99)) if dec else None,
             "route_ms_p50_lex": float(np.percentile(lat_lex, 50)),
             "route_ms_p99_lex": float(np.percentile(lat_lex, 99)),
             "tau": float(np.mean([gg.tau for gg in gate_of])), "floor": float(np.mean([gg.floor for gg in gate_of])),
@@ -389,8 +419,9 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def _route_all(emb, scored, qv, golds, res, gates, folds, rr, tools, names, cat, lexical):
-    """Route every scored query over its registry res[i][3]: (correct, paths, total ms) lists."""
+def _route_all(emb, scored, qv, golds, res, gates, folds, rr, tools, names, cat, lexical, chosen=None):
+    """Route every scored query over its registry res[i][3]: (correct, paths, total ms) lists; the chosen
+    tool names are appended to `chosen` when given."""
 
     from slb.index import ScanIndex
     from slb.router import Router
@@ -399,13 +430,30 @@ def _route_all(emb, scored, qv, golds, res, gates, folds, rr, tools, names, cat,
     for q, v, g, r, gate, f in zip(scored, qv, golds, res, gates, folds):
         idx = r[3]
         m8, sc, _, row_tool = cat.registry(idx)
-        router = Router(emb, ScanIndex(m8, sc, row_tool=row_tool),
-                        [tools[i] for i in idx], gate, rr[f], lexical=lexical.subset(idx))
+        router = Router(emb, ScanIndex(m8, sc, row_tool=row_tool), [tools[i] for i in idx], gate, rr[f],
+                        lexical=lexical.subset(idx), duplicates=cat.registry_duplicates(idx))
         d = router.route(q["query"], v)
         routed.append(d.tool == names[g])
         paths.append(d.path)
         lat.append(d.timings["total_ms"])
+        if chosen is not None:
+            chosen.append(d.tool)
     return routed, paths, lat
+
+
+def _decision_latency(emb, scored, res, gates, folds, rr, tools, cat, lexical, n: int) -> list[float]:
+    """Milliseconds of whole route decisions (embedding the query text included) for the first n queries."""
+    from slb.index import ScanIndex
+    from slb.router import Router
+
+    out = []
+    for q, r, gate, f in list(zip(scored, res, gates, folds))[:n]:
+        idx = r[3]
+        m8, sc, _, row_tool = cat.registry(idx)
+        router = Router(emb, ScanIndex(m8, sc, row_tool=row_tool), [tools[i] for i in idx], gate, rr[f],
+                        lexical=lexical.subset(idx), duplicates=cat.registry_duplicates(idx))
+        out.append(router.route(q["query"]).timings["total_ms"])
+    return out
 
 
 def _route_learned(emb, scored, qv, golds, res, gates, folds, rr, tools, names, cat, lexical, cap: int):
@@ -427,7 +475,7 @@ def _route_learned(emb, scored, qv, golds, res, gates, folds, rr, tools, names, 
             cat.learned = {i: np.stack([x for _, x in seen[i]]) for i in idx if i in seen}
             m8, sc, _, row_tool = cat.registry(idx)
             router = Router(emb, ScanIndex(m8, sc, row_tool=row_tool), [tools[i] for i in idx], gate, rr[f],
-                            lexical=lexical.subset(idx))
+                            lexical=lexical.subset(idx), duplicates=cat.registry_duplicates(idx))
             routed.append(router.route(q["query"], v).tool == names[g])
             rows = seen.setdefault(int(g), [])
             if all(t != q["query"] for t, _ in rows):

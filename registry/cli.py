@@ -9,6 +9,10 @@ from __future__ import annotations
 import json
 import sys
 
+# Checks that layers above the registry add to `nexus register` (e.g. slb: near-duplicate tools): each is called
+# as check(store, report) after a registration and returns warning lines printed on stderr.
+AFTER_REGISTER: list = []
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("register",
@@ -24,8 +28,9 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the registration report as JSON")
     p.set_defaults(func=cmd_register)
 
-    tools = subparsers.add_parser("tools", help="inspect the registered tools").add_subparsers(
-        dest="tools_command", required=True)
+    tools_parser = subparsers.add_parser("tools", help="inspect the registered tools")
+    tools = tools_parser.add_subparsers(dest="tools_command", required=True)
+    tools_parser.commands = tools  # layers above add `nexus tools ...` commands here (slb: duplicates)
     p = tools.add_parser("list", help="list registered tools")
     p.add_argument("--server", help="only tools of this server")
     p.add_argument("--json", action="store_true", help="print a JSON array of tool objects")
@@ -90,8 +95,11 @@ def cmd_register(args) -> int:
         except ServerError as e:
             print(f"nexus register: error: {e}", file=sys.stderr)
             return 1
+        warnings = _after_register(store, report) if report.added or report.updated else []
+    for w in warnings:
+        print(f"nexus register: warning: {w}", file=sys.stderr)
     if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
+        print(json.dumps(report.as_dict() | {"warnings": warnings}, indent=2))
     else:
         where = f"server {report.server!r}" if report.server else "file"
         print(
@@ -101,6 +109,17 @@ def cmd_register(args) -> int:
         for e in report.rejected:
             print(f"  rejected {e}", file=sys.stderr)
     return 0 if report.ok else 3
+
+
+def _after_register(store, report) -> list[str]:
+    """Warnings of the AFTER_REGISTER checks; a check that fails gives a warning, the registration stands."""
+    out = []
+    for check in AFTER_REGISTER:
+        try:
+            out += check(store, report)
+        except Exception as e:  # noqa: BLE001 - a failed check must not undo a registration that succeeded
+            out.append(f"{getattr(check, '__name__', 'check')} did not run: {e}")
+    return out
 
 
 def cmd_tools_list(args) -> int:

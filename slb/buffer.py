@@ -8,7 +8,8 @@ The JSON header holds model_id, dim, count (tools), version, coarse_dim, tool na
 offsets and the calibration (tau, score floor) written by `slb calibrate`. A buffer with several rows per tool
 (the tool text plus example requests) also holds `rows`, `row_keys` (one content key per row, for reuse on
 rebuild) and the row_tool section (tool index of each row, rows of a tool contiguous); without them there is
-one row per tool (rows = count). Row i = [lead[i] | tail[i]] and
+one row per tool (rows = count). `duplicates` lists near-duplicate tool pairs [a, b, cosine] (slb.duplicates).
+Row i = [lead[i] | tail[i]] and
 row i * scales[i] ≈ R @ x_i, x_i the L2-normalized embedding of row i (symmetric per-row quantization:
 scale = max|y| / 127). Small buffers have no rotation (R = I, coarse_dim = dim, empty tail: single-pass
 scan); large ones (>= slb.twostage.TWO_STAGE_MIN_ROWS rows) store a PCA rotation and split the rows so the
@@ -72,6 +73,7 @@ class BufferData:
     coarse_dim: int = 0
     row_tool: np.ndarray | None = None
     row_keys: list[str] | None = None
+    duplicates: list | None = None  # [(a, b, cosine)] near-duplicate tool pairs (slb.duplicates), None: unknown
 
     def __post_init__(self) -> None:
         from slb.scan import check_row_tool
@@ -117,6 +119,8 @@ def write_buffer(path: str | Path, data: BufferData) -> Path:
     }
     if data.row_tool is not None:
         header.update(rows=len(data.row_tool), row_keys=data.row_keys)
+    if data.duplicates is not None:
+        header["duplicates"] = [[int(a), int(b), round(float(c), 4)] for a, b, c in data.duplicates]
     rot = b"" if data.rotation is None else np.ascontiguousarray(data.rotation, "<f4").tobytes()
     m8 = np.asarray(data.m8, np.int8)
     sections = {"rotation_offset": rot, "lead_offset": np.ascontiguousarray(m8[:, :kc]).tobytes(),
@@ -251,6 +255,10 @@ class SLBuffer:
             raise BufferMismatchError(f"{self.path}: rows name {len(self.index)} tools, the header "
                                       f"{h['count']}: run `nexus slb build`")
         self.row_keys: list[str] | None = h.get("row_keys")
+        dups = h.get("duplicates")
+        ok = isinstance(dups, list) and all(isinstance(p, list) and len(p) == 3 and all(
+            _is_count(v) and v < h["count"] for v in p[:2]) for p in dups)
+        self.duplicates: list | None = [tuple(p) for p in dups] if ok else None
         self.names: list[str] = h["names"]
         self.hashes: list[str] = h["hashes"]
 
@@ -277,4 +285,4 @@ class SLBuffer:
         return BufferData(self.model_id, self.header["dim"], list(self.names), list(self.hashes),
                           np.array(ix.rows()), np.array(self.scales, np.float32), self.calibration, rot,
                           self.header["coarse_dim"], None if ix.row_tool is None else np.array(ix.row_tool),
-                          None if self.row_keys is None else list(self.row_keys))
+                          None if self.row_keys is None else list(self.row_keys), self.duplicates)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from slb.buffer import BufferData, BufferMismatchError, SLBuffer, quantize_rows, write_buffer
+from slb.duplicates import MAX_TOOLS, duplicate_pairs
 from slb.embedder import Embedder
 from slb.tools import ToolEntry, as_entry, example_texts, row_key
 from slb.twostage import COARSE_DIM, TWO_STAGE_MIN_ROWS, fit_rotation
@@ -25,6 +26,7 @@ class BuildReport:
     rebuilt_from_scratch: bool
     rows: int = 0  # buffer rows: tools plus example rows
     examples_embedded: int = 0
+    duplicates: list = field(default_factory=list)  # (name, name, cosine) near-duplicate pairs (slb.duplicates)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -38,6 +40,7 @@ def build_buffer(tools: list, embedder: Embedder, path: str | Path, keep_calibra
     Rows of an existing buffer built by the same embedder are reused when their content key (schema hash
     for the tool text, slb.tools.row_key for an example) is unchanged (no re-embedding); others are embedded.
     A buffer from another embedder is rebuilt from scratch.
+    Near-duplicate pairs (slb.duplicates) of the tool-text rows are stored in the header.
     The stored calibration is dropped when the tool set changes (tau does not transfer across registry sizes)
     unless keep_calibration.
     """
@@ -79,6 +82,8 @@ def build_buffer(tools: list, embedder: Embedder, path: str | Path, keep_calibra
         else:
             x[i] = fresh_ex[fresh_ex_at[key]]
     row_tool = np.repeat(np.arange(len(entries), dtype=np.int32), [1 + len(ex) for ex in examples])
+    first = np.r_[0, np.cumsum([1 + len(ex) for ex in examples])[:-1]].astype(np.int64)  # tool-text rows
+    pairs = duplicate_pairs(x[first]) if len(entries) <= MAX_TOOLS else None
     rotation, coarse = None, 0
     if len(keys) >= TWO_STAGE_MIN_ROWS and dim > COARSE_DIM:
         # Two-stage layout: refit the PCA rotation on the whole registry. Reused rows of a rotated buffer
@@ -92,6 +97,6 @@ def build_buffer(tools: list, embedder: Embedder, path: str | Path, keep_calibra
         calibration = old.calibration
     removed = len(set(old.hashes) - set(hashes)) if old is not None else 0
     write_buffer(path, BufferData(embedder.model_id, dim, names, hashes, m8, scales, calibration, rotation, coarse,
-                                  row_tool if grouped else None, keys if grouped else None))
+                                  row_tool if grouped else None, keys if grouped else None, pairs))
     return BuildReport(str(path), len(entries), len(entries) - len(todo), len(todo), removed, scratch,
-                       len(keys), len(todo_ex))
+                       len(keys), len(todo_ex), [(names[a], names[b], c) for a, b, c in pairs or []])

@@ -8,6 +8,14 @@ import time
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from registry.cli import AFTER_REGISTER
+
+    tools = getattr(sub.choices.get("tools"), "commands", None)
+    if tools is not None:
+        d = tools.add_parser("duplicates", help="near-duplicate tools (same job, different names; slb.duplicates)")
+        d.add_argument("--json", action="store_true")
+        d.set_defaults(func=_duplicates)
+    AFTER_REGISTER.append(_check_duplicates)
     r = sub.add_parser("route", help="route a request to a tool (auto | rerank | none)")
     r.add_argument("query")
     r.add_argument("--mode", choices=("gate", "embed", "rerank"), default="gate")
@@ -67,6 +75,10 @@ def _route(args: argparse.Namespace) -> int:
         print(f"label {args.label}: {label}")
     t = d.timings
     print(f"{d.path}: {d.tool or '(no tool)'}  score={d.score:.3f} margin={d.margin:.3f}")
+    if d.duplicates:
+        print(f"  note: {d.tool} has near-duplicates among the candidates: "
+              + ", ".join(f"{n} (cosine {c:.2f})" for n, c in d.duplicates)
+              + "; the choice between them is arbitrary (see `nexus tools duplicates`)")
     print(f"  route {t['total_ms']:.1f} ms (embed {t['embed_ms']:.1f}, scan {1e3 * t['scan_ms']:.0f} µs, "
           f"rerank {t['rerank_ms']:.1f}); models and buffer loaded in {load_ms:.0f} ms")
     for name, cos, logit, lex in d.candidates[:5]:
@@ -99,7 +111,38 @@ def _build(args: argparse.Namespace) -> int:
     from slb.service import build
 
     r = build(config=_config(args))
-    print(f"{r.path}: {r.count} tools ({r.embedded} embedded, {r.reused} reused, {r.removed} removed)")
+    print(f"{r.path}: {r.count} tools ({r.embedded} embedded, {r.reused} reused, {r.removed} removed), "
+          f"{r.rows} rows, {len(r.duplicates)} near-duplicate pairs (`nexus tools duplicates`)")
+    return 0
+
+
+# registrations that change more tools than this skip the duplicate check (it embeds them: seconds per 100)
+CHECK_MAX_TOOLS = 500
+
+
+def _check_duplicates(store, report) -> list[str]:
+    """After `nexus register`: rebuild the buffer (incremental) and warn about near-duplicate pairs that
+    involve a tool this registration added or changed."""
+    from slb.service import build
+
+    changed = set(report.added) | set(report.updated)
+    if len(changed) > CHECK_MAX_TOOLS:
+        return [f"{len(changed)} tools changed: near-duplicates not checked now; run `nexus tools duplicates`"]
+    pairs = build(store).duplicates
+    return [f"{a} and {b} look like near-duplicates (cosine {c:.2f}): routing between them is arbitrary; remove "
+            "one or make their descriptions distinct" for a, b, c in pairs if a in changed or b in changed]
+
+
+def _duplicates(args: argparse.Namespace) -> int:
+    from slb.service import build
+
+    pairs = build().duplicates  # incremental: embeds only tools the buffer does not have yet
+    if args.json:
+        print(json.dumps([{"a": a, "b": b, "cosine": c} for a, b, c in pairs], indent=1))
+        return 0
+    print(f"{len(pairs)} near-duplicate pairs (tool-text cosine >= threshold, slb.duplicates):")
+    for a, b, c in pairs:
+        print(f"  {c:.3f}  {a}  ~  {b}")
     return 0
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from registry.home import home_path
 from slb.buffer import SLBuffer, write_buffer
 from slb.build import BuildReport, build_buffer
+from slb.duplicates import duplicate_map, margin_to_distinct
 from slb.embedder import Embedder, EmbedderConfig
 from slb.gate import GateConfig, gate_stats, pick_floor, pick_tau
 from slb.reranker import Reranker, RerankerTrainConfig, registry_fingerprint, train_reranker, trained_for
@@ -89,9 +90,10 @@ def calibrate(tools: list[ToolEntry], labelled: list[tuple[str, str]], embedder:
     if len(labelled) < 10:
         raise ValueError(f"only {len(labelled)} labelled queries name a tool in the buffer: need at least 10")
     qv = embedder.embed_texts([q for q, _ in labelled])
-    s, ids = buf.index.scan_batch(qv, k=2)
+    s, ids = buf.index.scan_batch(qv, k=k)
     gold = np.array([pos[g] for _, g in labelled])
-    margins = s[:, 0] - s[:, 1] if s.shape[1] > 1 else np.ones(len(s))
+    dups = duplicate_map(buf.duplicates or [])
+    margins = np.array([margin_to_distinct(si, ii, dups) for si, ii in zip(s, ids)])  # as the router measures it
     correct = ids[:, 0] == gold
     cal = {"tau": pick_tau(margins, correct, target), "floor": pick_floor(s[:, 0], floor_recall), "k": k,
            "target": target, "queries": len(labelled), "tools": len(names)}
@@ -159,4 +161,4 @@ def open_router(mode: str = "gate", reranker: str | None = None, config: Embedde
     rr_dir = Path(reranker) if reranker else default_reranker_dir(entries, embedder.config.recipe)
     if reranker or rr_dir.is_dir():
         rr = Reranker(rr_dir)
-    return Router(embedder, buf.index, entries, gate, rr, mode)
+    return Router(embedder, buf.index, entries, gate, rr, mode, duplicates=buf.duplicates)

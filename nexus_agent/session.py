@@ -30,10 +30,11 @@ class SessionConfig:
 
 
 def ensure_router(store, mode: str = "gate"):
-    """A Router over the home SLB buffer, (re)built first when a registered tool is not embedded yet."""
-    from slb.service import FRESH_KIND, build, open_router
+    """A Router over the home SLB buffer, (re)built first (incrementally) when a registered tool is not embedded
+    yet or examples were added since the last build."""
+    from slb.service import FRESH_KIND, buffer_is_current, build, open_router
 
-    if store.stale_tools(FRESH_KIND):
+    if store.stale_tools(FRESH_KIND) or not buffer_is_current(store):  # new tools, or examples learned since
         build(store)
     try:
         return open_router(mode)

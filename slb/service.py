@@ -59,6 +59,23 @@ def build(store=None, config: EmbedderConfig | None = None, path: Path | None = 
     return report
 
 
+def buffer_is_current(store=None, path: Path | None = None) -> bool:
+    """Whether the buffer holds exactly the rows the registry asks for now: every tool's text and its routed
+    examples (user and learned ones added since the last build make it out of date); False without a buffer."""
+    from slb.buffer import read_header
+    from slb.tools import example_texts, row_key
+
+    path = path or buffer_path()
+    if not path.exists():
+        return False
+    try:
+        h = read_header(path)
+    except ValueError:
+        return False
+    want = [k for t in registry_tools(store) for k in (t.schema_hash, *map(row_key, example_texts(t)))]
+    return (h.get("row_keys") or h["hashes"]) == want
+
+
 def read_labelled(path: str | Path) -> list[tuple[str, str]]:
     """(query, gold_tool) pairs from a JSONL file of {"query", "gold_tool"}; rows without a gold tool skipped."""
     out = []

@@ -79,3 +79,17 @@ def test_eval_catalogue_puts_learned_rows_beside_their_tools_rows():
     m8, sc, f32, row_tool = cat.registry(np.array([2, 0]))
     assert row_tool.tolist() == [0, 1, 1]  # tool 0 of the catalogue sits at registry position 1, two rows
     np.testing.assert_allclose(f32[2], x[1])
+
+
+def test_buffer_is_out_of_date_once_an_example_is_learned(nexus_home):
+    from slb.service import buffer_is_current, build
+
+    with RegistryStore() as store:
+        store.add_tools(TOOLS)
+        assert not buffer_is_current(store)  # no buffer yet
+        build(store)
+        assert buffer_is_current(store)  # templated examples are not routed on: nothing to add
+        ExampleLearner(store).confirm("is LH 400 on time", "flight_status")
+        assert not buffer_is_current(store)
+        r = build(store)
+        assert buffer_is_current(store) and r.embedded == 0 and r.examples_embedded == 1 and r.rows == 3

@@ -56,6 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--abstain", choices=("fitted", "floor"), default="floor",
                    help="none test: floor (top-1 cosine) | fitted (score + weight x margin, fitted with leave-gold-out "
                         "negatives; measured +1.4 points irrelevant -> none at 250 tools for +0.5 relevant -> none)")
+    p.add_argument("--quantize", action="store_true", help="dynamic INT8 embedder for tools and queries")
     p.add_argument("--timed", type=int, default=100, help="queries timed as whole decisions (decision_ms_*)")
     p.add_argument("--learn-cap", type=int, default=32, help="learned example rows kept per tool (top1_learned)")
     p.add_argument("--examples", choices=EXAMPLES, default="none",
@@ -277,9 +278,10 @@ def run(args: argparse.Namespace) -> dict:
     cross_fit = len(calib) < 20
     if cross_fit:  # thresholds for fold f come from the other fold of the scored set
         calib = []
-    emb = Embedder(EmbedderConfig(recipe=args.recipe))
+    emb = Embedder(EmbedderConfig(recipe=args.recipe, quantize=args.quantize))
     t0 = time.perf_counter()
-    cache = home_path("slb", "eval-cache", f"{registry_fingerprint(tools, args.recipe)}.npy")
+    qtag = "-qint8" if args.quantize else ""
+    cache = home_path("slb", "eval-cache", f"{registry_fingerprint(tools, args.recipe)}{qtag}.npy")
     f32 = np.load(cache) if cache.exists() else emb.embed_tools(tools)
     if not cache.exists():
         write_atomic(cache, lambda f: np.save(f, f32))  # a torn cache would be loaded on the next run
@@ -331,7 +333,8 @@ def run(args: argparse.Namespace) -> dict:
               "cross_fit": cross_fit, "recipe": args.recipe, "seed": args.seed, "target": args.target,
               "reranker": {f: str(p) for f, p in rr_paths.items()} or None, "reranker_train_s": train_s,
               "embed_catalogue_s": embed_tools_s, "catalogue": len(tools), "examples": args.examples,
-              "catalogue_rows": len(cat.f32), "duplicate_pairs": sum(len(d) for d in cat.dups.values()) // 2}
+              "catalogue_rows": len(cat.f32), "embedder": emb.model_id,
+              "duplicate_pairs": sum(len(d) for d in cat.dups.values()) // 2}
     print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'lexonly':>7} {'learned':>7} {'auto%':>6} {'autoP':>6} "
           f"{'none%':>6} {'rel>0':>6} {'p50ms':>7} {'p99ms':>7} {'tau':>6} {'floor':>6}")
     for size in sizes:

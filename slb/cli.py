@@ -50,12 +50,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _embedder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embedder", default="packaged:all-MiniLM-L6-v2", help="packaged model or a model folder")
     p.add_argument("--recipe", default="schema", help="tool text: schema (default) | name_desc_params | name_desc")
+    p.add_argument("--quantize", action="store_true",
+                   help="dynamic INT8 embedder (faster queries; `nexus route` then uses it for this buffer)")
 
 
 def _config(args):
     from slb.embedder import EmbedderConfig
 
-    return EmbedderConfig(model=args.embedder, recipe=args.recipe)
+    return EmbedderConfig(model=args.embedder, recipe=args.recipe, quantize=args.quantize)
 
 
 def _route(args: argparse.Namespace) -> int:

@@ -164,8 +164,17 @@ def open_router(mode: str = "gate", reranker: str | None = None, config: Embedde
                 tools: list[ToolEntry] | None = None, path: Path | None = None) -> Router:
     """A Router over the home buffer with its stored calibration and the matching (or given) reranker, its models
     loaded (the first route is timed as routing)."""
-    embedder = Embedder(config).load()
     path = path or buffer_path()
+    if config is None and path.exists():  # a buffer built by the quantized embedder is routed with it
+        from slb.buffer import read_header
+        from slb.embedder import QINT8_SUFFIX
+
+        try:
+            quantized = QINT8_SUFFIX + "#" in read_header(path)["model_id"]
+        except ValueError:
+            quantized = False  # SLBuffer below reports the damage
+        config = EmbedderConfig(quantize=True) if quantized else None
+    embedder = Embedder(config).load()
     buf = SLBuffer(path, model_id=embedder.model_id)
     by_name = {t.name: t for t in (tools if tools is not None else registry_tools())}
     missing = [n for n in buf.names if n not in by_name]

@@ -83,9 +83,9 @@ BENCHMARKS: list[Benchmark] = [
         blurb="Top-1 accuracy of the semantic lookaside buffer as the registry grows (gold tool plus seeded "
               "distractors).",
         add_arguments=routing.add_arguments, run=routing.run, table=routing.table, figures=routing.FIGURES,
-        plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50,100,250",
-              "--train-steps", "150", "--irrelevant", "{data}/queries_irrelevant.jsonl"),
-        quick_plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50,100,250",
+        plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes",
+              "10,50,100,250,1000,2052", "--train-steps", "150", "--irrelevant", "{data}/queries_irrelevant.jsonl"),
+        quick_plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50,250,1000",
                     "--reranker", "none", "--irrelevant", "{data}/queries_irrelevant.jsonl"),
         tiny_plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50",
                    "--max-queries", "30", "--reranker", "none")),

@@ -11,6 +11,11 @@ fold, on the synthesized queries plus the other fold's labelled queries, and sco
 Below tau the candidates are ordered by cosine + lex_weight · BM25/max BM25 (IDF over the query's registry,
 slb.lexical) + ce_weight · cross-encoder logit; both weights are fitted (gate.pick_fusion_weights) at one size
 on calibration queries or the other fold. top1_routed_lex is the same gate with ce_weight 0 (lexical only).
+The margin is measured to the first candidate that is not a near-duplicate of the top-1 (slb.duplicates);
+top1_routed_dup_aware also counts a near-duplicate of the gold tool as correct (top1_routed stays strict).
+top1_learned: the sequential protocol of learning from confirmed calls (_route_learned). relevant_to_none:
+share of relevant queries routed to none; none_precision: share of --irrelevant prompts routed to none.
+decision_ms_p50/p99: the whole decision (query embedding + scan + gate + fusion) on the first --timed queries.
 Every column of a size scores each query on one registry (the same sample for embed, INT8 and routing).
 """
 
@@ -48,6 +53,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=10, help="candidates reranked")
     p.add_argument("--plot", default=None, help="PNG path for accuracy vs size (default: next to --json)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--abstain", choices=("fitted", "floor"), default="floor",
+                   help="none test: floor (top-1 cosine) | fitted (score + weight x margin, fitted with leave-gold-out "
+                        "negatives; measured +1.4 points irrelevant -> none at 250 tools for +0.5 relevant -> none)")
+    p.add_argument("--quantize", action="store_true", help="dynamic INT8 embedder for tools and queries")
+    p.add_argument("--timed", type=int, default=100, help="queries timed as whole decisions (decision_ms_*)")
+    p.add_argument("--learn-cap", type=int, default=32, help="learned example rows kept per tool (top1_learned)")
+    p.add_argument("--examples", choices=EXAMPLES, default="none",
+                   help="templated example rows per tool (registry.examples, from schema fields): template | none "
+                        "(measured: they lower top-1 under best-row scoring, so the router does not route on them)")
+
+
+EXAMPLES = ("template", "none")
+
+
+def _catalogue(emb, tools, f32, examples: str) -> "Catalogue":
+    """The catalogue's rows: tool texts `f32` (T, D) plus, with examples "template", one row per templated
+    example request of each tool (embedded as queries; cached in the Nexus home by text fingerprint)."""
+    import numpy as np
+
+    from registry.atomic import write_atomic
+    from registry.examples import template_examples
+    from registry.home import home_path
+    if examples == "none":
+        return Catalogue(f32, [[i] for i in range(len(tools))])
+    ex = [template_examples(t.name, t.description, t.input_schema) for t in tools]
+    flat = [e for x in ex for e in x]
+    key = hashlib.sha256("\0".join([emb.model_id, *flat]).encode()).hexdigest()[:16]  # ordered: rows follow it
+    cache = home_path("slb", "eval-cache", f"examples-{key}.npy")
+    xv = np.load(cache) if cache.exists() else emb.embed_texts(flat)
+    if not cache.exists():
+        write_atomic(cache, lambda f: np.save(f, xv))
+    rows, at = [], len(tools)
+    for i, x in enumerate(ex):
+        rows.append([i, *range(at, at + len(x))])
+        at += len(x)
+    return Catalogue(np.concatenate([f32, xv]), rows)
 
 
 def check_files(args: argparse.Namespace) -> None:
@@ -77,7 +118,98 @@ def _registry(rng, n_cat: int, gold: int | None, size: int):
     return np.concatenate([[gold], pick[pick != gold][: size - 1]])
 
 
-def _scan_all(qv, golds, f32, m8, sc, size, seed, k):
+class Catalogue:
+    """The catalogue's buffer rows: f32 (R, D) float32 unit rows, m8/sc their INT8 form, tool_rows[i] the row
+    indices of catalogue tool i (its tool text first, then its example rows). Without examples R = T and
+    tool_rows[i] = [i]. `learned[i]`: (n, D) float32 rows added to tool i by confirmed calls (sequential eval)."""
+
+    def __init__(self, f32, tool_rows):
+        import numpy as np
+
+        from slb.buffer import quantize_rows
+
+        self.f32 = np.ascontiguousarray(f32, np.float32)
+        self.m8, self.sc = quantize_rows(self.f32)
+        self.tool_rows = [np.asarray(r, np.int64) for r in tool_rows]
+        self.grouped = any(len(r) > 1 for r in self.tool_rows)
+        self.learned: dict[int, np.ndarray] = {}
+        from slb.duplicates import duplicate_map, duplicate_pairs
+
+        # near-duplicate tools of the catalogue by their tool-text rows (slb.duplicates), catalogue ids
+        self.dups = duplicate_map(duplicate_pairs(self.f32[[r[0] for r in self.tool_rows]]))
+
+    def margin(self, scores, ids) -> float:
+        """Scan margin as the router measures it: to the first candidate (catalogue ids) not a duplicate of
+        the top-1."""
+        from slb.duplicates import margin_to_distinct
+
+        return margin_to_distinct(scores, ids, self.dups)
+
+    def registry_duplicates(self, idx) -> list[tuple[int, int, float]]:
+        """Near-duplicate pairs among the tools `idx`, as registry positions (for slb.router.Router)."""
+        at = {int(i): j for j, i in enumerate(idx)}
+        return [(at[a], at[b], c) for a in at for b, c in self.dups.get(a, {}).items() if b in at and at[a] < at[b]]
+
+    def __len__(self) -> int:
+        return len(self.tool_rows)
+
+    def registry(self, idx):
+        """(m8 (R', D) int8, scales (R',), f32 (R', D), row_tool (R',) int32 or None) of the tools `idx`."""
+        import numpy as np
+
+        from slb.buffer import quantize_rows
+
+        if not self.grouped and not self.learned:
+            return (np.ascontiguousarray(self.m8[idx]), np.ascontiguousarray(self.sc[idx]), self.f32[idx], None)
+        rows = [self.tool_rows[i] for i in idx]
+        m8, sc, f32 = self.m8[np.concatenate(rows)], self.sc[np.concatenate(rows)], self.f32[np.concatenate(rows)]
+        counts = np.array([len(r) for r in rows])
+        extra = [(j, self.learned[i]) for j, i in enumerate(idx) if i in self.learned]
+        if extra:  # learned rows of tool j go right after its own rows (rows of a tool stay contiguous)
+            parts_f, parts_t = [f32], [np.repeat(np.arange(len(idx)), counts)]
+            for j, x in extra:
+                parts_f.append(x)
+                parts_t.append(np.full(len(x), j))
+            f32 = np.concatenate(parts_f)
+            order = np.argsort(np.concatenate(parts_t), kind="stable")
+            f32 = np.ascontiguousarray(f32[order])
+            m8, sc = quantize_rows(f32)
+            row_tool = np.sort(np.concatenate(parts_t)).astype(np.int32)
+        else:
+            row_tool = np.repeat(np.arange(len(idx), dtype=np.int32), counts)
+        return np.ascontiguousarray(m8), np.ascontiguousarray(sc), f32, row_tool
+
+
+def _abstention(args, res, golds) -> tuple[float, float]:
+    """(none_margin, floor) fitted on the scan results `res` of labelled queries (`--abstain`): "floor" keeps
+    `--floor-recall` of their top-1 cosines above the floor (none_margin 0); "fitted" also scores each query
+    with its gold tool left out (the registry's own no-tool negatives, slb.gate.leave_gold_out) and picks the
+    margin weight that rejects most of those at the same recall (slb.gate.pick_abstention)."""
+    import numpy as np
+
+    from slb.gate import leave_gold_out, pick_abstention, pick_floor
+
+    top1 = np.array([r[1][0] for r in res])
+    margin = np.array([r[1][0] - r[1][1] if len(r[1]) > 1 else 1.0 for r in res])  # plain: the none test's
+    if args.abstain == "floor" or min(len(r[1]) for r in res) < 3:
+        return 0.0, pick_floor(top1, args.floor_recall)
+    k = min(len(r[1]) for r in res)
+    neg_top1, neg_margin = leave_gold_out(np.stack([r[1][:k] for r in res]), np.stack([r[2][:k] for r in res]),
+                                          np.asarray(golds))
+    return pick_abstention(top1, margin, neg_top1, neg_margin, args.floor_recall)
+
+
+def _float_top1(f32, row_tool, q) -> int:
+    """Registry position of the best tool by float32 cosine (a tool scores its best row)."""
+    import numpy as np
+
+    s = f32 @ q
+    if row_tool is not None:
+        s = np.maximum.reduceat(s, np.flatnonzero(np.r_[True, np.diff(row_tool) != 0]))
+    return int(np.argmax(s))
+
+
+def _scan_all(qv, golds, cat, size, seed, k):
     """Per query: float top-1, int8 top-k scores/ids (catalogue ids), registry indices (gold first)."""
     import numpy as np
 
@@ -86,14 +218,15 @@ def _scan_all(qv, golds, f32, m8, sc, size, seed, k):
     rng = np.random.default_rng(seed)
     out = []
     for q, g in zip(qv, golds):
-        idx = _registry(rng, len(f32), g, size)
-        top_f = int(idx[int(np.argmax(f32[idx] @ q))])
-        s, ids = scan(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx]), q, k)
+        idx = _registry(rng, len(cat), g, size)
+        m8, sc, f32, row_tool = cat.registry(idx)
+        top_f = int(idx[_float_top1(f32, row_tool, q)])
+        s, ids = scan(m8, sc, q, k, row_tool=row_tool)
         out.append((top_f, s, idx[ids], idx))
     return out
 
 
-def _fit_weights(rr, texts, lexical, qtexts, qv, golds, f32, m8, sc, size, seed, k, limit=2000) -> dict:
+def _fit_weights(rr, texts, lexical, qtexts, qv, golds, cat, size, seed, k, limit=2000) -> dict:
     """Fusion weights fitted on (at most `limit`) calibration queries at registry size `size`:
     {"lex_weight", "ce_weight"} (with the cross-encoder, when there is one) and "lex_only" (ce_weight 0)."""
     import numpy as np
@@ -103,7 +236,7 @@ def _fit_weights(rr, texts, lexical, qtexts, qv, golds, f32, m8, sc, size, seed,
     if len(qtexts) == 0:
         return {"lex_weight": 0.0, "ce_weight": 0.0, "lex_only": 0.0}
     sel = np.random.default_rng(seed).permutation(len(qtexts))[:limit]
-    res = _scan_all(qv[sel], golds[sel], f32, m8, sc, size, seed + 104729, k)
+    res = _scan_all(qv[sel], golds[sel], cat, size, seed + 104729, k)
     k_eff = min(len(r[1]) for r in res)
     cos = np.stack([r[1][:k_eff] for r in res])
     lex = np.stack([lexical.subset(r[3]).scores(qtexts[j], [int(np.flatnonzero(r[3] == c)[0]) for c in r[2][:k_eff]])
@@ -125,9 +258,8 @@ def run(args: argparse.Namespace) -> dict:
 
     from registry.atomic import write_atomic
     from registry.home import home_path
-    from slb.buffer import quantize_rows
     from slb.embedder import Embedder, EmbedderConfig
-    from slb.gate import GateConfig, gate_stats, pick_floor, pick_tau
+    from slb.gate import GateConfig, gate_stats, none_score, pick_tau
     from slb.reranker import Reranker, registry_fingerprint
     from slb.scan import scan
     from slb.tools import as_entry
@@ -146,13 +278,14 @@ def run(args: argparse.Namespace) -> dict:
     cross_fit = len(calib) < 20
     if cross_fit:  # thresholds for fold f come from the other fold of the scored set
         calib = []
-    emb = Embedder(EmbedderConfig(recipe=args.recipe))
+    emb = Embedder(EmbedderConfig(recipe=args.recipe, quantize=args.quantize))
     t0 = time.perf_counter()
-    cache = home_path("slb", "eval-cache", f"{registry_fingerprint(tools, args.recipe)}.npy")
+    qtag = "-qint8" if args.quantize else ""
+    cache = home_path("slb", "eval-cache", f"{registry_fingerprint(tools, args.recipe)}{qtag}.npy")
     f32 = np.load(cache) if cache.exists() else emb.embed_tools(tools)
     if not cache.exists():
         write_atomic(cache, lambda f: np.save(f, f32))  # a torn cache would be loaded on the next run
-    m8, sc = quantize_rows(f32)
+    cat = _catalogue(emb, tools, f32, args.examples)
     embed_tools_s = time.perf_counter() - t0
     qv = emb.embed_texts([q["query"] for q in scored])
     golds = np.array([pos[q["gold_tool"]] for q in scored])
@@ -189,51 +322,59 @@ def run(args: argparse.Namespace) -> dict:
     if cross_fit:
         qtexts = [q["query"] for q in scored]
         weights = {f: _fit_weights(rr[f], texts, lexical, [qtexts[i] for i in np.flatnonzero(folds != f)],
-                                   qv[folds != f], golds[folds != f], f32, m8, sc, fit_size, args.seed + f, args.k)
+                                   qv[folds != f], golds[folds != f], cat, fit_size, args.seed + f, args.k)
                    for f in (0, 1)}
     else:
-        w = _fit_weights(rr[0], texts, lexical, [q["query"] for q in calib], cv, cgolds, f32, m8, sc, fit_size,
+        w = _fit_weights(rr[0], texts, lexical, [q["query"] for q in calib], cv, cgolds, cat, fit_size,
                          args.seed, args.k)
         weights = {0: w, 1: w}
     result = {"sizes": {}, "fusion_weights": weights, "fit_size": fit_size, "queries": len(scored),
               "irrelevant": len(irr), "calib_queries": len(calib),
               "cross_fit": cross_fit, "recipe": args.recipe, "seed": args.seed, "target": args.target,
               "reranker": {f: str(p) for f, p in rr_paths.items()} or None, "reranker_train_s": train_s,
-              "embed_catalogue_s": embed_tools_s, "catalogue": len(tools)}
-    print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'lexonly':>7} {'auto%':>6} {'autoP':>6} {'none%':>6} "
-          f"{'p50ms':>7} {'tau':>6} {'floor':>6}")
+              "embed_catalogue_s": embed_tools_s, "catalogue": len(tools), "examples": args.examples,
+              "catalogue_rows": len(cat.f32), "embedder": emb.model_id,
+              "duplicate_pairs": sum(len(d) for d in cat.dups.values()) // 2}
+    print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'lexonly':>7} {'learned':>7} {'auto%':>6} {'autoP':>6} "
+          f"{'none%':>6} {'rel>0':>6} {'p50ms':>7} {'p99ms':>7} {'tau':>6} {'floor':>6}")
     for size in sizes:
-        res = _scan_all(qv, golds, f32, m8, sc, size, args.seed + size, args.k)
+        res = _scan_all(qv, golds, cat, size, args.seed + size, args.k)
         top1_f = np.array([r[0] for r in res]) == golds
         top1_8 = np.array([r[2][0] for r in res]) == golds
-        margins = np.array([r[1][0] - r[1][1] if len(r[1]) > 1 else 1.0 for r in res])
-        top1s = np.array([r[1][0] for r in res])
+        margins = np.array([cat.margin(r[1], r[2]) for r in res])
         # thresholds per scored query: from calib, or from the other fold
         if cross_fit:
             gates = {}
             for f in (0, 1):
                 o = folds != f
-                gates[f] = GateConfig(pick_tau(margins[o], top1_8[o], args.target),
-                                      pick_floor(top1s[o], args.floor_recall),
-                                      args.k, weights[f]["lex_weight"], weights[f]["ce_weight"])
+                nm, fl = _abstention(args, [r for r, oo in zip(res, o) if oo], golds[o])
+                gates[f] = GateConfig(pick_tau(margins[o], top1_8[o], args.target), fl,
+                                      args.k, weights[f]["lex_weight"], weights[f]["ce_weight"], nm)
             gate_of = [gates[f] for f in folds]
         else:
-            cres = _scan_all(cv, cgolds, f32, m8, sc, size, args.seed + 7919 + size, args.k)
-            cm = np.array([r[1][0] - r[1][1] for r in cres])
+            cres = _scan_all(cv, cgolds, cat, size, args.seed + 7919 + size, args.k)
+            cm = np.array([cat.margin(r[1], r[2]) for r in cres])
             cc = np.array([r[2][0] for r in cres]) == cgolds
-            g = GateConfig(pick_tau(cm, cc, args.target),
-                           pick_floor(np.array([r[1][0] for r in cres]), args.floor_recall),
-                           args.k, weights[0]["lex_weight"], weights[0]["ce_weight"])
+            nm, fl = _abstention(args, cres, cgolds)
+            g = GateConfig(pick_tau(cm, cc, args.target), fl, args.k, weights[0]["lex_weight"],
+                           weights[0]["ce_weight"], nm)
             gate_of = [g] * len(scored)
         # routed on the very registries the embed / INT8 columns were scored on (res[i][3])
-        routed, paths, lat = _route_all(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, m8, sc, lexical)
+        chosen: list = []
+        routed, paths, lat = _route_all(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, cat, lexical,
+                                        chosen)
+        # duplicate-aware: the chosen tool is the gold one or a near-duplicate of it (slb.duplicates)
+        dup_ok = [c is not None and (pos[c] == g or pos[c] in cat.dups.get(int(g), {})) for c, g in zip(chosen, golds)]
         lex_gates = [dataclasses.replace(gg, lex_weight=weights[f]["lex_only"], ce_weight=0.0)
                      for gg, f in zip(gate_of, folds)]
         if all(a == b for a, b in zip(lex_gates, gate_of)):  # fitted ce_weight 0 and the same lex weight: identical
             routed_lex, lat_lex = routed, lat
         else:
-            routed_lex, _, lat_lex = _route_all(emb, scored, qv, golds, res, lex_gates, folds, rr, tools, names, m8, sc,
+            routed_lex, _, lat_lex = _route_all(emb, scored, qv, golds, res, lex_gates, folds, rr, tools, names, cat,
                                                 lexical)
+        dec = _decision_latency(emb, scored, res, gate_of, folds, rr, tools, cat, lexical, args.timed)
+        learned = _route_learned(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, cat, lexical,
+                                 args.learn_cap)
         paths = np.array(paths)
         auto = paths == "auto"
         none_prec = None
@@ -243,28 +384,36 @@ def run(args: argparse.Namespace) -> dict:
             nn = 0
             for q, v in zip(irr, iv):
                 idx = _registry(rng_i, len(tools), None, size)
-                s, _ = scan(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx]), v, 2)
-                nn += bool(s[0] < g.floor)
+                m8_i, sc_i, _, rt_i = cat.registry(idx)
+                s, _ = scan(m8_i, sc_i, v, 2, row_tool=rt_i)
+                nn += bool(none_score(s[0], s[0] - s[1] if len(s) > 1 else 1.0, g.none_margin) < g.floor)
             none_prec = nn / len(irr)
         row = {
             "top1_embed": float(top1_f.mean()), "top1_int8": float(top1_8.mean()),
             "top1_routed": float(np.mean(routed)),
             "top1_routed_lex": float(np.mean(routed_lex)),
+            "top1_learned": float(np.mean(learned)),
+            "top1_routed_dup_aware": float(np.mean(dup_ok)),
             "auto_rate": float(auto.mean()),
             "auto_precision": float(np.array(routed)[auto].mean()) if auto.any() else None,
             "rerank_rate": float((paths == "rerank").mean()), "none_rate_relevant": float((paths == "none").mean()),
+            "relevant_to_none": float((paths == "none").mean()),
             "none_precision": none_prec, "route_ms_p50": float(np.percentile(lat, 50)),
             "route_ms_p99": float(np.percentile(lat, 99)),
+            "decision_ms_p50": float(np.percentile(dec, 50)) if dec else None,
+            "decision_ms_p99": float(np.percentile(dec, 99)) if dec else None,
             "route_ms_p50_lex": float(np.percentile(lat_lex, 50)),
             "route_ms_p99_lex": float(np.percentile(lat_lex, 99)),
             "tau": float(np.mean([gg.tau for gg in gate_of])), "floor": float(np.mean([gg.floor for gg in gate_of])),
+            "none_margin": float(np.mean([gg.none_margin for gg in gate_of])),
             "gate_stats_int8": gate_stats(margins, top1_8, float(np.mean([gg.tau for gg in gate_of]))),
         }
         result["sizes"][str(size)] = row
         print(f"{size:>6} {row['top1_embed']:7.3f} {row['top1_int8']:7.3f} {row['top1_routed']:7.3f} "
-              f"{row['top1_routed_lex']:7.3f} {row['auto_rate']*100:6.1f} "
+              f"{row['top1_routed_lex']:7.3f} {row['top1_learned']:7.3f} {row['auto_rate']*100:6.1f} "
               f"{(row['auto_precision'] or 0):6.3f} {(none_prec if none_prec is not None else float('nan'))*100:6.1f} "
-              f"{row['route_ms_p50']:7.2f} {row['tau']:6.3f} {row['floor']:6.3f}")
+              f"{row['relevant_to_none']*100:6.1f} {row['route_ms_p50']:7.2f} {row['route_ms_p99']:7.2f} "
+              f"{row['tau']:6.3f} {row['floor']:6.3f}")
     _embed_latency(emb, scored, result)
     plot = args.plot or (str(Path(args.json_out).with_suffix(".png")) if getattr(args, "json_out", None) else None)
     if plot:
@@ -273,9 +422,9 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def _route_all(emb, scored, qv, golds, res, gates, folds, rr, tools, names, m8, sc, lexical):
-    """Route every scored query over its registry res[i][3]: (correct, paths, total ms) lists."""
-    import numpy as np
+def _route_all(emb, scored, qv, golds, res, gates, folds, rr, tools, names, cat, lexical, chosen=None):
+    """Route every scored query over its registry res[i][3]: (correct, paths, total ms) lists; the chosen
+    tool names are appended to `chosen` when given."""
 
     from slb.index import ScanIndex
     from slb.router import Router
@@ -283,13 +432,61 @@ def _route_all(emb, scored, qv, golds, res, gates, folds, rr, tools, names, m8, 
     routed, paths, lat = [], [], []
     for q, v, g, r, gate, f in zip(scored, qv, golds, res, gates, folds):
         idx = r[3]
-        router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])),
-                        [tools[i] for i in idx], gate, rr[f], lexical=lexical.subset(idx))
+        m8, sc, _, row_tool = cat.registry(idx)
+        router = Router(emb, ScanIndex(m8, sc, row_tool=row_tool), [tools[i] for i in idx], gate, rr[f],
+                        lexical=lexical.subset(idx), duplicates=cat.registry_duplicates(idx))
         d = router.route(q["query"], v)
         routed.append(d.tool == names[g])
         paths.append(d.path)
         lat.append(d.timings["total_ms"])
+        if chosen is not None:
+            chosen.append(d.tool)
     return routed, paths, lat
+
+
+def _decision_latency(emb, scored, res, gates, folds, rr, tools, cat, lexical, n: int) -> list[float]:
+    """Milliseconds of whole route decisions (embedding the query text included) for the first n queries."""
+    from slb.index import ScanIndex
+    from slb.router import Router
+
+    out = []
+    for q, r, gate, f in list(zip(scored, res, gates, folds))[:n]:
+        idx = r[3]
+        m8, sc, _, row_tool = cat.registry(idx)
+        router = Router(emb, ScanIndex(m8, sc, row_tool=row_tool), [tools[i] for i in idx], gate, rr[f],
+                        lexical=lexical.subset(idx), duplicates=cat.registry_duplicates(idx))
+        out.append(router.route(q["query"]).timings["total_ms"])
+    return out
+
+
+def _route_learned(emb, scored, qv, golds, res, gates, folds, rr, tools, names, cat, lexical, cap: int):
+    """Sequential protocol of learning from confirmed calls: queries in file order (so each tool's queries in
+    a fixed order); each is routed over its registry res[i][3] with the learned rows of every tool in it
+    (the embeddings of the earlier queries confirmed for that tool, at most `cap`, deduplicated by text), then
+    confirmed (its query becomes a learned row of its gold tool). Every query is scored once, before it is
+    learned from. Returns the (Q,) correctness list."""
+    import numpy as np
+
+    from slb.index import ScanIndex
+    from slb.router import Router
+
+    seen: dict[int, list[tuple[str, np.ndarray]]] = {}
+    routed = []
+    try:
+        for q, v, g, r, gate, f in zip(scored, qv, golds, res, gates, folds):
+            idx = r[3]
+            cat.learned = {i: np.stack([x for _, x in seen[i]]) for i in idx if i in seen}
+            m8, sc, _, row_tool = cat.registry(idx)
+            router = Router(emb, ScanIndex(m8, sc, row_tool=row_tool), [tools[i] for i in idx], gate, rr[f],
+                            lexical=lexical.subset(idx), duplicates=cat.registry_duplicates(idx))
+            routed.append(router.route(q["query"], v).tool == names[g])
+            rows = seen.setdefault(int(g), [])
+            if all(t != q["query"] for t, _ in rows):
+                rows.append((q["query"], v))
+                del rows[:-cap]
+    finally:
+        cat.learned = {}
+    return routed
 
 
 def _train_rerankers(tools, emb, labelled: dict, args) -> tuple[dict, float | None]:
@@ -328,11 +525,13 @@ def table(r: dict) -> str:
         v = s.get("none_precision")
         return "—" if v is None or v != v else pct(v)
 
-    return md_table(["tools", "top-1 float32", "top-1 INT8", "top-1 routed", "top-1 routed (no CE)", "auto-routed",
-                     "auto precision", "irrelevant → none", "route p50 (ms)"],
+    return md_table(["tools", "top-1 float32", "top-1 INT8", "top-1 routed", "top-1 routed (no CE)",
+                     "top-1 learned (sequential)", "auto-routed", "auto precision", "irrelevant → none",
+                     "relevant → none", "route p50 (ms)", "route p99 (ms)"],
                     [[n, pct(s["top1_embed"]), pct(s["top1_int8"]), pct(s["top1_routed"]),
-                      pct(s.get("top1_routed_lex")), pct(s["auto_rate"]),
-                      pct(s["auto_precision"]), none_precision(s), s["route_ms_p50"]]
+                      pct(s.get("top1_routed_lex")), pct(s.get("top1_learned")), pct(s["auto_rate"]),
+                      pct(s["auto_precision"]), none_precision(s), pct(s.get("relevant_to_none")), s["route_ms_p50"],
+                      s.get("route_ms_p99")]
                      for n, s in sorted(r["sizes"].items(), key=lambda kv: int(kv[0]))])
 
 
@@ -343,8 +542,10 @@ def accuracy_figure(r: dict):
         return None
     fig, ax = pyplot().subplots(figsize=(6, 4))
     for key, label, style in (("top1_embed", "embedding float32", "-"), ("top1_int8", "embedding INT8", "--"),
-                              ("top1_routed", "gated + reranked router", "-")):
-        ax.plot(sizes, [r["sizes"][str(s)][key] * 100 for s in sizes], style, marker="o", label=label)
+                              ("top1_routed", "gated + reranked router", "-"),
+                              ("top1_learned", "router + learned examples (sequential)", ":")):
+        if all(key in r["sizes"][str(s)] for s in sizes):
+            ax.plot(sizes, [r["sizes"][str(s)][key] * 100 for s in sizes], style, marker="o", label=label)
     log_ticks(ax, sizes)
     ax.set(xlabel="registry size (tools, log scale)", ylabel="top-1 accuracy (%)",
            title="Routing accuracy vs registry size")

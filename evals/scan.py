@@ -1,7 +1,8 @@
 """Scan latency: the Numba INT8 kernel vs the NumPy float32 matmul (+ top-k) on the same data, one thread.
 
-`numba_us_p50` is the path a buffer of that size uses (`path`: plain single pass below
-slb.twostage.TWO_STAGE_MIN_ROWS, two_stage above); both paths are reported (`plain_us_p50`,
+Sizes count tools; with `--rows-per-tool R` each tool has R rows (its text plus example rows) and the grouped
+kernels score a tool by its best row. `numba_us_p50` is the path a buffer of that size uses (`path`: plain
+single pass below slb.twostage.TWO_STAGE_MIN_ROWS rows, two_stage above); both paths are reported (`plain_us_p50`,
 `two_stage_us_p50`, the latter including the per-query 384x384 rotation).
 Rows are random unit vectors (the scan's cost does not depend on their content); the same query set is
 timed on both paths in the same process.
@@ -21,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--repeats", type=int, default=200, help="timed calls per size and path (fewer at large N)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rows-per-tool", type=int, default=1,
+                   help="buffer rows per tool (tool text + example rows); >1 times the grouped best-row kernels")
 
 
 def _p50_us(fn, q, repeats: int) -> float:
@@ -57,9 +60,14 @@ def _run(args, np, quantize_rows, scan, two) -> dict:
 
     kc, min_rows, fit_rotation = two
     rng = np.random.default_rng(args.seed)
-    result = {"sizes": {}, "dim": args.dim, "k": args.k, "threads": 1}
+    if args.rows_per_tool < 1:
+        raise ValueError(f"--rows-per-tool must be >= 1, got {args.rows_per_tool}")
+    per = args.rows_per_tool
+    result = {"sizes": {}, "dim": args.dim, "k": args.k, "threads": 1, "rows_per_tool": per}
     print(f"{'N':>8} {'used':>10} {'plain us':>9} {'2-stage us':>10} {'numpy f32 us':>13} {'speedup':>8}")
-    for n in (int(s) for s in args.sizes.split(",")):
+    for t in (int(s) for s in args.sizes.split(",")):  # t tools, n rows
+        n = t * per
+        row_tool = None if per == 1 else np.repeat(np.arange(t, dtype=np.int32), per)
         x = rng.standard_normal((n, args.dim)).astype(np.float32)
         x /= np.linalg.norm(x, axis=1, keepdims=True)
         m8, sc = quantize_rows(x)
@@ -67,19 +75,20 @@ def _run(args, np, quantize_rows, scan, two) -> dict:
                                  + 0.1 * rng.standard_normal((16, args.dim)).astype(np.float32))
         q /= np.linalg.norm(q, axis=1, keepdims=True)
         reps = max(20, args.repeats if n <= 10000 else args.repeats // 4)
-        plain = ScanIndex(m8, sc)
+        plain = ScanIndex(m8, sc, row_tool=row_tool)
         rot = fit_rotation(x)  # the build-time PCA rotation; the query rotation is inside the timed call
         y8, ys = quantize_rows(x @ rot.T)
-        two_stage = ScanIndex(np.ascontiguousarray(y8[:, :kc]), ys, np.ascontiguousarray(y8[:, kc:]), rot)
+        two_stage = ScanIndex(np.ascontiguousarray(y8[:, :kc]), ys, np.ascontiguousarray(y8[:, kc:]), rot,
+                              row_tool=row_tool)
         r_small = reps * (10 if n <= 1000 else 1)
         pl = _p50_us(lambda v: plain.scan(v, args.k), q, r_small)
         ts = _p50_us(lambda v: two_stage.scan(v, args.k), q, r_small)
-        npf = _p50_us(lambda v: scan(m8, sc, v, args.k, "numpy", f32=x), q, reps)
+        npf = _p50_us(lambda v: scan(m8, sc, v, args.k, "numpy", f32=x, row_tool=row_tool), q, reps)
         used = "two_stage" if n >= min_rows else "plain"
         nb = ts if used == "two_stage" else pl
-        result["sizes"][str(n)] = {"numba_us_p50": nb, "numpy_f32_us_p50": npf, "speedup": npf / nb, "path": used,
-                                   "plain_us_p50": pl, "two_stage_us_p50": ts, "coarse_dim": kc}
-        print(f"{n:>8} {used:>10} {pl:9.1f} {ts:10.1f} {npf:13.1f} {npf / nb:8.1f}x")
+        result["sizes"][str(t)] = {"rows": n, "numba_us_p50": nb, "numpy_f32_us_p50": npf, "speedup": npf / nb,
+                                   "path": used, "plain_us_p50": pl, "two_stage_us_p50": ts, "coarse_dim": kc}
+        print(f"{t:>8} {used:>10} {pl:9.1f} {ts:10.1f} {npf:13.1f} {npf / nb:8.1f}x")
     return result
 
 

@@ -104,16 +104,19 @@ class Agent:
     """A session: backend + router + tools + servers, one live context, a trace.
 
     `tools`: name -> registry Tool; `router`: anything with `route(query) -> RouteDecision`;
-    `on_text(kind, piece)`: streamed text ("args" or "answer").
+    `on_text(kind, piece)`: streamed text ("args" or "answer"); `on_confirmed(step, tool)`: called after a
+    call with valid arguments that the server answered with status ok (slb.learn records it as an example).
     """
 
     def __init__(self, backend, router, tools: dict, pool: ServerPool, config: AgentConfig | None = None,
                  memory: MemoryConfig | None = None, trace: Trace | None = None,
-                 on_text: Callable[[str, str], None] | None = None):
+                 on_text: Callable[[str, str], None] | None = None,
+                 on_confirmed: Callable[[str, str], None] | None = None):
         self.backend, self.router, self.tools, self.pool = backend, router, tools, pool
         self.config = config or AgentConfig()
         self.trace = trace or Trace()
         self.on_text = on_text or (lambda kind, piece: None)
+        self.on_confirmed = on_confirmed
         self.text_only = is_text_only(backend)  # an HTTP server: text prompts, no live KV context (text_path)
         self.live = None if self.text_only else LiveContext(backend, memory, self.config.n_ctx, self.trace)
         self.history: list[dict] = []
@@ -135,6 +138,8 @@ class Agent:
                 continue
             call = self.call_step(self.tools[d.tool], step)
             result.calls.append(call)
+            if self.on_confirmed is not None and call.arguments is not None and call.observation.ok:
+                self.on_confirmed(step, call.tool)
             observations.append(observation_text(call.tool, call.arguments or {}, call.observation.status,
                                                  call.observation.text))
         if self.config.answer:

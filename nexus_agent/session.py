@@ -30,10 +30,11 @@ class SessionConfig:
 
 
 def ensure_router(store, mode: str = "gate"):
-    """A Router over the home SLB buffer, (re)built first when a registered tool is not embedded yet."""
-    from slb.service import FRESH_KIND, build, open_router
+    """A Router over the home SLB buffer, (re)built first (incrementally) when a registered tool is not embedded
+    yet or examples were added since the last build."""
+    from slb.service import FRESH_KIND, buffer_is_current, build, open_router
 
-    if store.stale_tools(FRESH_KIND):
+    if store.stale_tools(FRESH_KIND) or not buffer_is_current(store):  # new tools, or examples learned since
         build(store)
     try:
         return open_router(mode)
@@ -58,4 +59,8 @@ def open_agent(session: SessionConfig | None = None, agent: AgentConfig | None =
     pool = ServerPool.from_store(store, servers)
     backend = backend or load_backend(session.backend, session.model)
     trace = Trace(session.trace_path, on_event)
-    return Agent(backend, router, tools, pool, agent, memory, trace, on_text)
+    from slb.learn import ExampleLearner, LearnConfig
+
+    learner = ExampleLearner(store, LearnConfig.from_env())  # opt out: NEXUS_LEARN=0
+    return Agent(backend, router, tools, pool, agent, memory, trace, on_text,
+                 on_confirmed=learner.confirm if learner.config.enabled else None)

@@ -1,4 +1,5 @@
-"""`nexus register`, `nexus tools list|show|remove|stats`, `nexus servers list`: a thin layer over registry/.
+"""`nexus register`, `nexus tools list|show|remove|stats|examples`, `nexus servers list`: a thin layer over
+registry/.
 
 Listing commands take `--json` (machine-readable, on stdout); otherwise they print rich tables.
 """
@@ -7,6 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
+
+# Checks that layers above the registry add to `nexus register` (e.g. slb: near-duplicate tools): each is called
+# as check(store, report) after a registration and returns warning lines printed on stderr.
+AFTER_REGISTER: list = []
 
 
 def register(subparsers) -> None:
@@ -23,8 +28,9 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the registration report as JSON")
     p.set_defaults(func=cmd_register)
 
-    tools = subparsers.add_parser("tools", help="inspect the registered tools").add_subparsers(
-        dest="tools_command", required=True)
+    tools_parser = subparsers.add_parser("tools", help="inspect the registered tools")
+    tools = tools_parser.add_subparsers(dest="tools_command", required=True)
+    tools_parser.commands = tools  # layers above add `nexus tools ...` commands here (slb: duplicates)
     p = tools.add_parser("list", help="list registered tools")
     p.add_argument("--server", help="only tools of this server")
     p.add_argument("--json", action="store_true", help="print a JSON array of tool objects")
@@ -36,6 +42,21 @@ def register(subparsers) -> None:
     p = tools.add_parser("remove", help="remove tools by name")
     p.add_argument("names", nargs="+")
     p.set_defaults(func=cmd_tools_remove)
+    ex = tools.add_parser("examples", help="example requests of a tool (rows the router matches)").add_subparsers(
+        dest="examples_command", required=True)
+    p = ex.add_parser("add", help="add example requests to a tool (kept until its schema changes)")
+    p.add_argument("name")
+    p.add_argument("texts", nargs="+", metavar="TEXT")
+    p.set_defaults(func=cmd_examples_add)
+    p = ex.add_parser("list", help="list a tool's example requests and their sources")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_examples_list)
+    p = ex.add_parser("remove", help="remove example requests of a tool (all of a source with --source)")
+    p.add_argument("name")
+    p.add_argument("texts", nargs="*", metavar="TEXT")
+    p.add_argument("--source", choices=("template", "user", "learned"), default=None)
+    p.set_defaults(func=cmd_examples_remove)
     p = tools.add_parser("stats", help="IR token lengths (SmolLM2) and required-parameter coverage")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_tools_stats)
@@ -74,8 +95,11 @@ def cmd_register(args) -> int:
         except ServerError as e:
             print(f"nexus register: error: {e}", file=sys.stderr)
             return 1
+        warnings = _after_register(store, report) if report.added or report.updated else []
+    for w in warnings:
+        print(f"nexus register: warning: {w}", file=sys.stderr)
     if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
+        print(json.dumps(report.as_dict() | {"warnings": warnings}, indent=2))
     else:
         where = f"server {report.server!r}" if report.server else "file"
         print(
@@ -85,6 +109,17 @@ def cmd_register(args) -> int:
         for e in report.rejected:
             print(f"  rejected {e}", file=sys.stderr)
     return 0 if report.ok else 3
+
+
+def _after_register(store, report) -> list[str]:
+    """Warnings of the AFTER_REGISTER checks; a check that fails gives a warning, the registration stands."""
+    out = []
+    for check in AFTER_REGISTER:
+        try:
+            out += check(store, report)
+        except Exception as e:  # noqa: BLE001 - a failed check must not undo a registration that succeeded
+            out.append(f"{getattr(check, '__name__', 'check')} did not run: {e}")
+    return out
 
 
 def cmd_tools_list(args) -> int:
@@ -113,11 +148,14 @@ def cmd_tools_show(args) -> int:
     with _store() as store:
         tool = store.get_tool(args.name)
         version = store.tool_version(args.name)
+        examples = store.examples(args.name).get(args.name, [])
     if tool is None:
         print(f"nexus tools show: no tool named {args.name!r}; see `nexus tools list`", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({**tool.to_json(), "version": version, "ir": compress(tool)}, indent=2, ensure_ascii=False))
+        print(json.dumps({**tool.to_json(), "version": version, "ir": compress(tool),
+                          "examples": [{"text": e.text, "source": e.source} for e in examples]},
+                         indent=2, ensure_ascii=False))
         return 0
     from rich.markup import escape
     from rich.syntax import Syntax
@@ -128,6 +166,42 @@ def cmd_tools_show(args) -> int:
     console.print(f"IR: {compress(tool)}", markup=False)
     console.print(tool.description, markup=False)
     console.print(Syntax(json.dumps(tool.input_schema, indent=2), "json"))
+    console.print(f"examples ({len(examples)}):")
+    for e in examples:
+        console.print(f"  [{e.source}] {e.text}", markup=False)
+    return 0
+
+
+def cmd_examples_add(args) -> int:
+    with _store() as store:
+        try:
+            n = store.add_examples(args.name, args.texts, "user")
+        except (KeyError, ValueError) as e:
+            print(f"nexus tools examples add: {e.args[0]}", file=sys.stderr)
+            return 1
+    print(f"{args.name}: {n} example(s) added, {len(args.texts) - n} already present; "
+          "run `nexus slb build` to route on them")
+    return 0
+
+
+def cmd_examples_list(args) -> int:
+    with _store() as store:
+        if store.get_tool(args.name) is None:
+            print(f"nexus tools examples list: no tool named {args.name!r}; see `nexus tools list`", file=sys.stderr)
+            return 1
+        examples = store.examples(args.name).get(args.name, [])
+    if args.json:
+        print(json.dumps([{"text": e.text, "source": e.source} for e in examples], indent=1, ensure_ascii=False))
+        return 0
+    for e in examples:
+        print(f"[{e.source}] {e.text}")
+    return 0
+
+
+def cmd_examples_remove(args) -> int:
+    with _store() as store:
+        n = store.remove_examples(args.name, args.texts or None, args.source)
+    print(f"{args.name}: {n} example(s) removed")
     return 0
 
 

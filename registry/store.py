@@ -7,6 +7,10 @@ Tables:
 - `artefacts(tool, kind, schema_hash)`: which schema hash a derived artefact of `kind` (e.g. "embedding",
   "kv_block") was built from. A tool is stale for a kind when that row is missing or its hash differs from the
   tool's current hash, so a schema change marks every artefact stale without touching this table.
+- `examples(tool, text, source, schema_hash, checksum)`: example requests per tool (registry.examples):
+  templated at registration, given by users, or learned from confirmed calls. A schema change deletes the
+  tool's examples and templates new ones; a row whose checksum does not match is never returned (the tool's
+  examples are rebuilt from its schema and the damage is reported).
 
 Every write is one `BEGIN IMMEDIATE` transaction, so concurrent writers from several processes serialize on
 SQLite's lock (with a busy timeout) instead of interleaving.
@@ -21,8 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from registry.examples import SOURCES, Example, example_checksum, normalize_example, template_examples
 from registry.home import home_path
 from registry.model import Tool, ToolValidationError, canonical_json
+
+MAX_LEARNED = 32  # learned examples kept per tool (the oldest go first)
+
+
+class ExamplesCorruptWarning(UserWarning):
+    """Stored example rows of a tool failed their checksum: they were dropped and rebuilt from the schema."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS servers (
@@ -48,6 +59,15 @@ CREATE TABLE IF NOT EXISTS tool_versions (
     data TEXT NOT NULL,
     created_at REAL NOT NULL,
     PRIMARY KEY (tool, version)
+);
+CREATE TABLE IF NOT EXISTS examples (
+    tool TEXT NOT NULL,
+    text TEXT NOT NULL,
+    source TEXT NOT NULL,
+    schema_hash TEXT NOT NULL,
+    checksum TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (tool, text)
 );
 CREATE TABLE IF NOT EXISTS artefacts (
     tool TEXT NOT NULL,
@@ -175,9 +195,18 @@ class RegistryStore:
         report = RegisterReport(server=server)
         valid: list[Tool] = []
         seen: set[str] = set()
+        given: dict[str, list[str]] = {}  # user examples from an `examples` list in the tool object
         for item in tools:
             try:
                 tool = Tool.from_mcp(item, server=server)
+                raw = item.get("examples") if isinstance(item, dict) else None
+                if raw is not None and not isinstance(raw, list):
+                    raise ToolValidationError(tool.name, "$.examples", "type-array",
+                                              "examples must be a list of request strings")
+                try:
+                    texts = [normalize_example(x) for x in raw or []]
+                except ValueError as e:
+                    raise ToolValidationError(tool.name, "$.examples", "example", str(e)) from None
             except ToolValidationError as e:
                 report.rejected.append(e)
                 continue
@@ -187,6 +216,7 @@ class RegistryStore:
                 continue
             seen.add(tool.name)
             valid.append(tool)
+            given[tool.name] = texts
         rejected_names = {e.tool for e in report.rejected}
         now = time.time()
         with self._write():
@@ -202,6 +232,10 @@ class RegistryStore:
                     continue
                 if row is not None and row[2] == tool.schema_hash:
                     report.unchanged.append(tool.name)
+                    self._insert_examples(tool, given[tool.name], "user", now)
+                    if not self.db.execute("SELECT 1 FROM examples WHERE tool = ? AND source = 'template'",
+                                           (tool.name,)).fetchone():  # registered before examples existed
+                        self._insert_templates(tool, now)
                     continue
                 version = 1 if row is None else row[1] + 1
                 data = canonical_json(tool.to_json())
@@ -216,6 +250,9 @@ class RegistryStore:
                     "VALUES (?,?,?,?,?)",
                     (tool.name, version, tool.schema_hash, data, now),
                 )
+                self.db.execute("DELETE FROM examples WHERE tool = ?", (tool.name,))  # made for the old schema
+                self._insert_templates(tool, now)
+                self._insert_examples(tool, given[tool.name], "user", now)
                 (report.added if row is None else report.updated).append(tool.name)
             if prune and server is not None:
                 keep = seen | rejected_names
@@ -255,7 +292,92 @@ class RegistryStore:
         cur = self.db.execute("DELETE FROM tools WHERE name = ?", (name,))
         self.db.execute("DELETE FROM tool_versions WHERE tool = ?", (name,))
         self.db.execute("DELETE FROM artefacts WHERE tool = ?", (name,))
+        self.db.execute("DELETE FROM examples WHERE tool = ?", (name,))
         return cur.rowcount > 0
+
+    # -- example requests -----------------------------------------------------------------------------
+    def _insert_examples(self, tool: Tool, texts: list[str], source: str, now: float) -> int:
+        n = 0
+        for text in texts:
+            cur = self.db.execute(
+                "INSERT OR IGNORE INTO examples(tool, text, source, schema_hash, checksum, created_at) "
+                "VALUES (?,?,?,?,?,?)",
+                (tool.name, text, source, tool.schema_hash,
+                 example_checksum(tool.name, tool.schema_hash, source, text), now))
+            n += cur.rowcount
+        return n
+
+    def _insert_templates(self, tool: Tool, now: float) -> None:
+        self._insert_examples(tool, template_examples(tool.name, tool.description, tool.input_schema),
+                              "template", now)
+
+    def add_examples(self, name: str, texts: Iterable[str], source: str = "user", cap: int = MAX_LEARNED) -> int:
+        """Store example requests of tool `name` for its current schema; returns how many were new (a text
+        the tool already has is skipped). Learned examples are capped at `cap` per tool, oldest dropped first.
+        Raises KeyError for an unknown tool, ValueError for an empty or oversized text."""
+        texts = [normalize_example(t) for t in texts]
+        Example("x", source, "")  # validates the source
+        with self._write():
+            tool = self.get_tool(name)
+            if tool is None:
+                raise KeyError(f"no tool named {name!r} in {self.path}; see `nexus tools list`")
+            n = self._insert_examples(tool, texts, source, time.time())
+            if source == "learned":
+                self.db.execute(
+                    "DELETE FROM examples WHERE tool = ? AND source = 'learned' AND text NOT IN (SELECT text FROM "
+                    "examples WHERE tool = ? AND source = 'learned' ORDER BY created_at DESC, rowid DESC LIMIT ?)",
+                    (name, name, cap))
+        return n
+
+    def remove_examples(self, name: str, texts: Iterable[str] | None = None, source: str | None = None) -> int:
+        """Delete examples of `name` (all, those with these texts, and/or of one source); returns how many."""
+        sql, args = "DELETE FROM examples WHERE tool = ?", [name]
+        if source is not None:
+            sql, args = sql + " AND source = ?", [*args, source]
+        with self._write():
+            if texts is None:
+                return self.db.execute(sql, args).rowcount
+            return sum(self.db.execute(sql + " AND text = ?", [*args, normalize_example(t)]).rowcount for t in texts)
+
+    def examples(self, name: str | None = None) -> dict[str, list[Example]]:
+        """tool name -> its valid examples for its current schema (all tools, or only `name`), templates first,
+        then user, then learned, each in insertion order. A row that fails its checksum is never returned: it
+        is deleted, the tool's templates are rebuilt from its schema (valid user and learned rows stay) and an
+        ExamplesCorruptWarning names the tool. Rows of an older schema hash are dropped."""
+        import warnings
+
+        where, args = ("WHERE e.tool = ?", (name,)) if name is not None else ("", ())
+        rows = self.db.execute(
+            "SELECT e.rowid, e.tool, e.text, e.source, e.schema_hash, e.checksum, t.schema_hash FROM examples e "
+            f"LEFT JOIN tools t ON t.name = e.tool {where} ORDER BY e.tool, "
+            "CASE e.source WHEN 'template' THEN 0 WHEN 'user' THEN 1 ELSE 2 END, e.created_at, e.rowid", args,
+        ).fetchall()
+        corrupt: dict[int, str] = {}  # rowid -> tool
+        drop: list[int] = []
+        for rowid, tool, text, source, h, checksum, current in rows:
+            if not all(isinstance(v, str) for v in (tool, text, source, h, checksum)) or \
+                    checksum != example_checksum(tool, h, source, text) or source not in SOURCES:
+                corrupt[rowid] = tool if isinstance(tool, str) else "?"
+            elif h != current:
+                drop.append(rowid)
+        if corrupt or drop:
+            with self._write():
+                for rowid in [*corrupt, *drop]:
+                    self.db.execute("DELETE FROM examples WHERE rowid = ?", (rowid,))
+                for tool in set(corrupt.values()):
+                    t = self.get_tool(tool)
+                    if t is not None:
+                        self._insert_templates(t, time.time())
+            for tool in sorted(set(corrupt.values())):
+                warnings.warn(f"registry {self.path}: stored examples of tool {tool!r} failed their checksum "
+                              "(damaged): they were not used, were deleted, and the templated examples were rebuilt "
+                              f"from the schema; re-add lost ones with `nexus tools examples add {tool} ...`",
+                              ExamplesCorruptWarning, stacklevel=2)
+            return self.examples(name)
+        out: dict[str, list[Example]] = {}
+        for _, tool, text, source, h, _, _ in rows:
+            out.setdefault(tool, []).append(Example(text, source, h))
+        return out
 
     # -- derived artefacts ----------------------------------------------------------------------------
     def mark_fresh(self, tool_name: str, kind: str, schema_hash: str) -> None:

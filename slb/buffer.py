@@ -2,10 +2,15 @@
 
 Layout (little endian), all sections 64-byte aligned (format version 2):
     b"NXSLB\\x00" + u16 format version | u64 header length | JSON header | [float32 rotation (dim, dim)] |
-    int8 lead (count, coarse_dim) | int8 tail (count, dim - coarse_dim) | float32 scales (count,)
-The JSON header holds model_id, dim, count, version, coarse_dim, tool names, schema hashes, section offsets
-and the calibration (tau, score floor) written by `slb calibrate`. Row i = [lead[i] | tail[i]] and
-row i * scales[i] ≈ R @ x_i, x_i the L2-normalized embedding of tool i (symmetric per-row quantization:
+    int8 lead (rows, coarse_dim) | int8 tail (rows, dim - coarse_dim) | float32 scales (rows,) |
+    [int32 row_tool (rows,)]
+The JSON header holds model_id, dim, count (tools), version, coarse_dim, tool names, schema hashes, section
+offsets and the calibration (tau, score floor) written by `slb calibrate`. A buffer with several rows per tool
+(the tool text plus example requests) also holds `rows`, `row_keys` (one content key per row, for reuse on
+rebuild) and the row_tool section (tool index of each row, rows of a tool contiguous); without them there is
+one row per tool (rows = count). `duplicates` lists near-duplicate tool pairs [a, b, cosine] (slb.duplicates).
+Row i = [lead[i] | tail[i]] and
+row i * scales[i] ≈ R @ x_i, x_i the L2-normalized embedding of row i (symmetric per-row quantization:
 scale = max|y| / 127). Small buffers have no rotation (R = I, coarse_dim = dim, empty tail: single-pass
 scan); large ones (>= slb.twostage.TWO_STAGE_MIN_ROWS rows) store a PCA rotation and split the rows so the
 two-stage scan reads only the contiguous lead block in its first stage (see slb/twostage.py, slb/index.py).
@@ -52,9 +57,10 @@ def _pad(n: int) -> int:
 
 @dataclass
 class BufferData:
-    """In-memory content of a buffer file. m8 (N, D) int8 rows in the stored basis, scales (N,) float32,
-    names/hashes length N; rotation (D, D) float32 (rows stored as R @ x) or None; coarse_dim: width of the
-    lead block (D when rotation is None)."""
+    """In-memory content of a buffer file. m8 (R, D) int8 rows in the stored basis, scales (R,) float32,
+    names/hashes length T (tools); rotation (D, D) float32 (rows stored as R @ x) or None; coarse_dim: width
+    of the lead block (D when rotation is None); row_tool (R,) int32 tool index of each row and row_keys (R,)
+    content keys, both None when R == T (one row per tool)."""
 
     model_id: str
     dim: int
@@ -65,9 +71,21 @@ class BufferData:
     calibration: dict = field(default_factory=dict)
     rotation: np.ndarray | None = None
     coarse_dim: int = 0
+    row_tool: np.ndarray | None = None
+    row_keys: list[str] | None = None
+    duplicates: list | None = None  # [(a, b, cosine)] near-duplicate tool pairs (slb.duplicates), None: unknown
 
     def __post_init__(self) -> None:
-        n = len(self.names)
+        from slb.scan import check_row_tool
+
+        t = len(self.names)
+        n = t if self.row_tool is None else len(self.row_tool)
+        if self.row_tool is not None:
+            self.row_tool = np.ascontiguousarray(self.row_tool, np.int32)
+            if check_row_tool(self.row_tool, n) != t:
+                raise ValueError(f"row_tool names {check_row_tool(self.row_tool, n)} tools, the buffer has {t}")
+            if self.row_keys is None or len(self.row_keys) != n:
+                raise ValueError("a buffer with row_tool needs one row key per row")
         if self.rotation is None:
             self.coarse_dim = self.dim
         elif self.rotation.shape != (self.dim, self.dim) or not 0 < self.coarse_dim < self.dim:
@@ -75,9 +93,9 @@ class BufferData:
                              f"got {self.rotation.shape} and {self.coarse_dim}")
         if self.m8.shape != (n, self.dim) or self.m8.dtype != np.int8:
             raise ValueError(f"m8 must be ({n}, {self.dim}) int8, got {self.m8.shape} {self.m8.dtype}")
-        if self.scales.shape != (n,) or len(self.hashes) != n:
-            raise ValueError("scales, names and hashes must have one entry per row")
-        if len(set(self.names)) != n:
+        if self.scales.shape != (n,) or len(self.hashes) != t:
+            raise ValueError("scales need one entry per row, names and hashes one per tool")
+        if len(set(self.names)) != t:
             raise ValueError("tool names in a buffer must be unique")
 
 
@@ -99,11 +117,17 @@ def write_buffer(path: str | Path, data: BufferData) -> Path:
         "version": FORMAT_VERSION, "model_id": data.model_id, "dim": d, "count": n, "coarse_dim": kc,
         "names": data.names, "hashes": data.hashes, "calibration": data.calibration,
     }
+    if data.row_tool is not None:
+        header.update(rows=len(data.row_tool), row_keys=data.row_keys)
+    if data.duplicates is not None:
+        header["duplicates"] = [[int(a), int(b), round(float(c), 4)] for a, b, c in data.duplicates]
     rot = b"" if data.rotation is None else np.ascontiguousarray(data.rotation, "<f4").tobytes()
     m8 = np.asarray(data.m8, np.int8)
     sections = {"rotation_offset": rot, "lead_offset": np.ascontiguousarray(m8[:, :kc]).tobytes(),
                 "tail_offset": np.ascontiguousarray(m8[:, kc:]).tobytes(),
                 "scales_offset": np.ascontiguousarray(data.scales, "<f4").tobytes()}
+    if data.row_tool is not None:
+        sections["row_tool_offset"] = np.ascontiguousarray(data.row_tool, "<i4").tobytes()
     # Offsets depend on the header length, which depends on the offsets' digits: fix them in two passes.
     header.update(dict.fromkeys(sections, 0))
     header["checksum"] = "0" * 32  # placeholder of the final length
@@ -146,7 +170,7 @@ def read_header(path: str | Path) -> dict:
         header = None
     if not _header_ok(header):
         raise BufferMismatchError(f"{path} has a truncated or unreadable header: delete it and run `nexus slb build`")
-    need = max(header[k] + nbytes(header) for k, nbytes in _SECTIONS.items() if k in header) if header["count"] else 0
+    need = max(header[k] + nbytes(header) for k, nbytes in _SECTIONS.items() if k in header) if _rows(header) else 0
     if size < need:
         raise BufferMismatchError(f"{path} is {size} bytes but its header needs {need} (truncated): "
                                   "run `nexus slb build`")
@@ -157,13 +181,19 @@ def _is_count(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
+def _rows(h: dict) -> int:
+    """Rows in the file: `rows` when the buffer holds several per tool, else one per tool (`count`)."""
+    return h.get("rows", h["count"])
+
+
 # bytes of each section a header may name, by its offset key (a garbled offset or count must not reach memmap)
 _SECTIONS = {
-    "m8_offset": lambda h: h["count"] * h["dim"],
+    "m8_offset": lambda h: _rows(h) * h["dim"],
     "rotation_offset": lambda h: 4 * h["dim"] * h["dim"] if h.get("coarse_dim", h["dim"]) < h["dim"] else 0,
-    "lead_offset": lambda h: h["count"] * h.get("coarse_dim", h["dim"]),
-    "tail_offset": lambda h: h["count"] * (h["dim"] - h.get("coarse_dim", h["dim"])),
-    "scales_offset": lambda h: 4 * h["count"],
+    "lead_offset": lambda h: _rows(h) * h.get("coarse_dim", h["dim"]),
+    "tail_offset": lambda h: _rows(h) * (h["dim"] - h.get("coarse_dim", h["dim"])),
+    "scales_offset": lambda h: 4 * _rows(h),
+    "row_tool_offset": lambda h: 4 * _rows(h),
 }
 
 
@@ -171,8 +201,11 @@ def _header_ok(h) -> bool:
     """A dict with every key, non-negative integer sizes and offsets, and one name and hash per row."""
     if not isinstance(h, dict) or not _HEADER_KEYS <= h.keys():
         return False
-    ints = [k for k in h if k in _SECTIONS or k in ("dim", "count", "coarse_dim")]
+    ints = [k for k in h if k in _SECTIONS or k in ("dim", "count", "coarse_dim", "rows")]
     if not all(_is_count(h[k]) for k in ints) or h.get("coarse_dim", 0) > h["dim"]:
+        return False
+    if ("rows" in h) != ("row_tool_offset" in h) or ("rows" in h and not (
+            isinstance(h.get("row_keys"), list) and len(h["row_keys"]) == h["rows"])):
         return False
     return all(isinstance(h[k], list) and len(h[k]) == h["count"] and all(isinstance(x, str) for x in h[k])
                for k in ("names", "hashes")) and isinstance(h["model_id"], str)
@@ -196,7 +229,7 @@ class SLBuffer:
         if dim is not None and h["dim"] != dim:
             raise BufferMismatchError(f"{self.path} holds {h['dim']}-d rows but the embedder makes {dim}-d vectors: "
                                       "rebuild it with `nexus slb build`")
-        n, d, kc = h["count"], h["dim"], h["coarse_dim"]
+        n, d, kc = _rows(h), h["dim"], h["coarse_dim"]
 
         def _map(dtype, key, shape):  # plain ndarray views of the maps: Numba takes ndarray, not memmap
             if not np.prod(shape):
@@ -206,13 +239,26 @@ class SLBuffer:
         rot = _map("<f4", "rotation_offset", (d, d)) if kc < d else None
         lead, tail = _map(np.int8, "lead_offset", (n, kc)), _map(np.int8, "tail_offset", (n, d - kc))
         self.scales = _map("<f4", "scales_offset", (n,))
-        if _digest(h, b"" if rot is None else rot.tobytes(), lead.tobytes(), tail.tobytes(),
-                   self.scales.tobytes()) != h.get("checksum"):
+        row_tool = _map("<i4", "row_tool_offset", (n,)) if "rows" in h else None
+        if _digest(h, b"" if rot is None else rot.tobytes(), lead.tobytes(), tail.tobytes(), self.scales.tobytes(),
+                   *(() if row_tool is None else (row_tool.tobytes(),))) != h.get("checksum"):
             raise BufferMismatchError(f"{self.path}: checksum mismatch (corrupted buffer): "
                                       "delete it and run `nexus slb build`")
         from slb.index import ScanIndex  # slb.index imports the Numba kernels: only when a buffer is opened
 
-        self.index = ScanIndex(lead, np.asarray(self.scales, np.float32), tail, rot)
+        try:
+            self.index = ScanIndex(lead, np.asarray(self.scales, np.float32), tail, rot,
+                                   row_tool=None if row_tool is None else np.asarray(row_tool, np.int32))
+        except ValueError as e:
+            raise BufferMismatchError(f"{self.path}: {e}") from None
+        if len(self.index) != h["count"]:
+            raise BufferMismatchError(f"{self.path}: rows name {len(self.index)} tools, the header "
+                                      f"{h['count']}: run `nexus slb build`")
+        self.row_keys: list[str] | None = h.get("row_keys")
+        dups = h.get("duplicates")
+        ok = isinstance(dups, list) and all(isinstance(p, list) and len(p) == 3 and all(
+            _is_count(v) and v < h["count"] for v in p[:2]) for p in dups)
+        self.duplicates: list | None = [tuple(p) for p in dups] if ok else None
         self.names: list[str] = h["names"]
         self.hashes: list[str] = h["hashes"]
 
@@ -229,7 +275,7 @@ class SLBuffer:
 
     @property
     def m8(self) -> np.ndarray:
-        """(N, D) int8 rows in the stored basis (rotated for two-stage buffers: scan them with `index`)."""
+        """(R, D) int8 rows in the stored basis (rotated for two-stage buffers: scan them with `index`)."""
         return self.index.rows()
 
     def data(self) -> BufferData:
@@ -238,4 +284,5 @@ class SLBuffer:
         rot = None if ix.rotation is None else np.array(ix.rotation)
         return BufferData(self.model_id, self.header["dim"], list(self.names), list(self.hashes),
                           np.array(ix.rows()), np.array(self.scales, np.float32), self.calibration, rot,
-                          self.header["coarse_dim"])
+                          self.header["coarse_dim"], None if ix.row_tool is None else np.array(ix.row_tool),
+                          None if self.row_keys is None else list(self.row_keys), self.duplicates)

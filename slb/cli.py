@@ -8,11 +8,22 @@ import time
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from registry.cli import AFTER_REGISTER
+
+    tools = getattr(sub.choices.get("tools"), "commands", None)
+    if tools is not None:
+        d = tools.add_parser("duplicates", help="near-duplicate tools (same job, different names; slb.duplicates)")
+        d.add_argument("--json", action="store_true")
+        d.set_defaults(func=_duplicates)
+    AFTER_REGISTER.append(_check_duplicates)
     r = sub.add_parser("route", help="route a request to a tool (auto | rerank | none)")
     r.add_argument("query")
     r.add_argument("--mode", choices=("gate", "embed", "rerank"), default="gate")
     r.add_argument("--reranker", default=None, help="a CrossEncoder folder (default: the registry's trained one)")
     r.add_argument("--json", action="store_true", help="print the decision as JSON")
+    r.add_argument("--label", metavar="TOOL", default=None,
+                   help="confirm or correct the route: store the request as a learned example of TOOL and rebuild "
+                        "the buffer (incremental)")
     r.set_defaults(func=_route)
 
     p = sub.add_parser("slb", help="the semantic lookaside buffer (routing index)")
@@ -39,12 +50,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _embedder_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embedder", default="packaged:all-MiniLM-L6-v2", help="packaged model or a model folder")
     p.add_argument("--recipe", default="schema", help="tool text: schema (default) | name_desc_params | name_desc")
+    p.add_argument("--quantize", action="store_true",
+                   help="dynamic INT8 embedder (faster queries; `nexus route` then uses it for this buffer)")
 
 
 def _config(args):
     from slb.embedder import EmbedderConfig
 
-    return EmbedderConfig(model=args.embedder, recipe=args.recipe)
+    return EmbedderConfig(model=args.embedder, recipe=args.recipe, quantize=args.quantize)
 
 
 def _route(args: argparse.Namespace) -> int:
@@ -54,11 +67,20 @@ def _route(args: argparse.Namespace) -> int:
     router = open_router(args.mode, args.reranker)
     load_ms = (time.perf_counter() - t0) * 1e3
     d = router.route(args.query)
+    label = _label(args) if args.label else None
+    if label is None and args.label:
+        return 1
     if args.json:
-        print(json.dumps(d.as_dict() | {"load_ms": load_ms}, indent=2))
+        print(json.dumps(d.as_dict() | {"load_ms": load_ms} | ({"label": label} if label else {}), indent=2))
         return 0
+    if label:
+        print(f"label {args.label}: {label}")
     t = d.timings
     print(f"{d.path}: {d.tool or '(no tool)'}  score={d.score:.3f} margin={d.margin:.3f}")
+    if d.duplicates:
+        print(f"  note: {d.tool} has near-duplicates among the candidates: "
+              + ", ".join(f"{n} (cosine {c:.2f})" for n, c in d.duplicates)
+              + "; the choice between them is arbitrary (see `nexus tools duplicates`)")
     print(f"  route {t['total_ms']:.1f} ms (embed {t['embed_ms']:.1f}, scan {1e3 * t['scan_ms']:.0f} µs, "
           f"rerank {t['rerank_ms']:.1f}); models and buffer loaded in {load_ms:.0f} ms")
     for name, cos, logit, lex in d.candidates[:5]:
@@ -67,11 +89,62 @@ def _route(args: argparse.Namespace) -> int:
     return 0
 
 
+def _label(args: argparse.Namespace) -> str | None:
+    """Store the query as a learned example of --label TOOL and rebuild the buffer; a status line, or None
+    (error printed) for an unknown tool."""
+    import sys
+
+    from registry.store import RegistryStore
+    from slb.learn import ExampleLearner, LearnConfig
+    from slb.service import build
+
+    with RegistryStore() as store:
+        try:
+            new = ExampleLearner(store, LearnConfig()).confirm(args.query, args.label, force=True)
+        except (KeyError, ValueError) as e:
+            print(f"nexus route --label: {e.args[0]}", file=sys.stderr)
+            return None
+        r = build(store)
+    return (f"learned ({r.examples_embedded} row embedded, buffer {r.rows} rows)" if new
+            else "already an example of this tool")
+
+
 def _build(args: argparse.Namespace) -> int:
     from slb.service import build
 
     r = build(config=_config(args))
-    print(f"{r.path}: {r.count} tools ({r.embedded} embedded, {r.reused} reused, {r.removed} removed)")
+    print(f"{r.path}: {r.count} tools ({r.embedded} embedded, {r.reused} reused, {r.removed} removed), "
+          f"{r.rows} rows, {len(r.duplicates)} near-duplicate pairs (`nexus tools duplicates`)")
+    return 0
+
+
+# registrations that change more tools than this skip the duplicate check (it embeds them: seconds per 100)
+CHECK_MAX_TOOLS = 500
+
+
+def _check_duplicates(store, report) -> list[str]:
+    """After `nexus register`: rebuild the buffer (incremental) and warn about near-duplicate pairs that
+    involve a tool this registration added or changed."""
+    from slb.service import build
+
+    changed = set(report.added) | set(report.updated)
+    if len(changed) > CHECK_MAX_TOOLS:
+        return [f"{len(changed)} tools changed: near-duplicates not checked now; run `nexus tools duplicates`"]
+    pairs = build(store).duplicates
+    return [f"{a} and {b} look like near-duplicates (cosine {c:.2f}): routing between them is arbitrary; remove "
+            "one or make their descriptions distinct" for a, b, c in pairs if a in changed or b in changed]
+
+
+def _duplicates(args: argparse.Namespace) -> int:
+    from slb.service import build
+
+    pairs = build().duplicates  # incremental: embeds only tools the buffer does not have yet
+    if args.json:
+        print(json.dumps([{"a": a, "b": b, "cosine": c} for a, b, c in pairs], indent=1))
+        return 0
+    print(f"{len(pairs)} near-duplicate pairs (tool-text cosine >= threshold, slb.duplicates):")
+    for a, b, c in pairs:
+        print(f"  {c:.3f}  {a}  ~  {b}")
     return 0
 
 

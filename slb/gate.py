@@ -1,6 +1,11 @@
 """The margin gate and the score floor, and how they are calibrated on labelled queries.
 
-auto: top-1 cosine >= floor and (top-1 − top-2) > tau; none: top-1 cosine < floor; otherwise rerank.
+auto: top-1 cosine >= floor and (top-1 − top-2) > tau; none: top-1 cosine + none_margin · (top-1 − top-2)
+< floor (none_margin 0: the plain score floor); otherwise rerank.
+
+The abstention is fitted on the registry (pick_abstention): relevant queries scored with their tool present
+are the positives, and the same queries scored with their tool left out of the candidates are the no-tool
+negatives (a tool-like request whose tool is missing: what an irrelevant prompt looks like to the router).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ class GateConfig:
     k: int = 10
     lex_weight: float = 0.10
     ce_weight: float = 0.0
+    none_margin: float = 0.0  # weight of the margin in the none test (see the module docstring)
 
     def __post_init__(self) -> None:
         if not -1.0 <= self.floor <= 1.0:
@@ -31,7 +37,7 @@ class GateConfig:
             raise ValueError(f"tau is a cosine margin in [0, 2], got {self.tau}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
-        for name in ("lex_weight", "ce_weight"):
+        for name in ("lex_weight", "ce_weight", "none_margin"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
@@ -44,7 +50,8 @@ class GateConfig:
         """The gate stored by `slb calibrate` (defaults for missing keys). A calibration holding only
         `rerank_weight` w (order: logit + w * cosine, no lexical term) is read as ce_weight = 1/w and lex_weight 0,
         the same order (w = 0, logits only, becomes a large ce_weight)."""
-        kw = {k: cal[k] for k in ("tau", "floor", "k", "lex_weight", "ce_weight") if cal.get(k) is not None}
+        kw = {k: cal[k] for k in ("tau", "floor", "k", "lex_weight", "ce_weight", "none_margin")
+              if cal.get(k) is not None}
         if "rerank_weight" in cal and "lex_weight" not in cal and "ce_weight" not in cal:
             w = float(cal["rerank_weight"])
             kw.update(lex_weight=0.0, ce_weight=1.0 / w if w > 0 else 1e6)
@@ -86,6 +93,36 @@ def pick_floor(top1_relevant: np.ndarray, recall: float = 0.95) -> float:
     if not 0 < recall <= 1:
         raise ValueError(f"recall must be in (0, 1], got {recall}")
     return float(np.quantile(x, 1 - recall, method="lower"))  # "lower": at least `recall` stay above
+
+
+NONE_MARGINS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
+
+
+def none_score(top1, margin, none_margin: float):
+    """The score the none test compares with the floor: top-1 + none_margin · margin (arrays or floats)."""
+    return top1 + none_margin * margin
+
+
+def leave_gold_out(scores: np.ndarray, ids: np.ndarray, gold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(top-1, margin) of each query with its gold tool removed from its candidates: scores/ids (Q, k) best
+    first, gold (Q,). Needs k >= 3 for a margin after the removal."""
+    keep = ids != np.asarray(gold)[:, None]
+    out = np.array([s[m][:2] for s, m in zip(scores, keep)])
+    return out[:, 0], out[:, 0] - out[:, 1]
+
+
+def pick_abstention(top1_pos, margin_pos, top1_neg, margin_neg, recall: float = 0.98,
+                    grid=NONE_MARGINS) -> tuple[float, float]:
+    """(none_margin, floor) that keeps `recall` of the positives above the floor (pick_floor on their none
+    score) and sends the most negatives below it; ties go to the smaller weight. Positives: (Q,) top-1 and
+    margin of relevant queries; negatives: the same of no-tool queries (e.g. leave_gold_out)."""
+    best, best_rej = (0.0, pick_floor(np.asarray(top1_pos), recall)), -1.0
+    for w in grid:
+        floor = pick_floor(none_score(np.asarray(top1_pos), np.asarray(margin_pos), w), recall)
+        rej = float(np.mean(none_score(np.asarray(top1_neg), np.asarray(margin_neg), w) < floor))
+        if rej > best_rej + 1e-12:
+            best, best_rej = (float(w), floor), rej
+    return best
 
 
 def gate_stats(margins: np.ndarray, correct: np.ndarray, tau: float) -> dict:

@@ -7,6 +7,11 @@ that block (fused: no N-sized score vector is ever written). The reference is a 
 float32 matrix (or the dequantized buffer) followed by argpartition.
 
 Scores are cosines in [-1, 1] (float32): row i scores `dot(q8, m8[i]) * row_scale[i] * query_scale`.
+
+Several rows per tool (its description plus example requests): `row_tool` (R,) int32 names the tool of each
+row, rows of one tool contiguous and tools numbered 0..T-1 in order. The grouped kernel scores a tool by its
+best row inside the block loop (a running max over the tool's rows, offered to the top-k when the next tool
+starts) and returns tool ids, not row ids.
 """
 
 from __future__ import annotations
@@ -83,6 +88,48 @@ def _scan_rows(m8, scales, q16, qscale, r0, r1, top_s, top_i, filled, acc):
 
 
 @njit(cache=True, nogil=True, fastmath=True, boundscheck=False)
+def _offer(top_s, top_i, filled, s, i):
+    # offer (s, i) to the sorted top-k (k,) holding `filled` entries; returns the new fill
+    k = top_s.shape[0]
+    if filled < k:
+        filled += 1
+        _topk_insert(top_s, top_i, filled, s, i)
+    elif s > top_s[k - 1]:
+        _topk_insert(top_s, top_i, k, s, i)
+    return filled
+
+
+@njit(cache=True, nogil=True, fastmath=True, boundscheck=False)
+def _scan_groups_into(m8, scales, row_tool, q, q16, acc, top_s, top_i):
+    # m8 (R, D) int8, scales (R,) f32, row_tool (R,) int32 non-decreasing tool ids, q (D,) f32 unit query.
+    # Scratch q16 (D,) int16, acc (_BLOCK,) int32; out top_s/top_i (k,): the k best tools by their best row.
+    qscale = _quantize_into(q, q16)
+    for j in range(top_s.shape[0]):
+        top_s[j] = -np.inf
+        top_i[j] = -1
+    n = m8.shape[0]
+    filled = 0
+    cur = -1
+    best = np.float32(-np.inf)
+    for b0 in range(0, n, _BLOCK):
+        b1 = min(n, b0 + _BLOCK)
+        _dot_block(m8, q16, b0, b1, acc)
+        for r in range(b0, b1):
+            s = np.float32(acc[r - b0]) * scales[r] * qscale
+            t = row_tool[r]
+            if t != cur:
+                if cur >= 0:
+                    filled = _offer(top_s, top_i, filled, best, cur)
+                cur = t
+                best = s
+            elif s > best:
+                best = s
+    if cur >= 0:
+        filled = _offer(top_s, top_i, filled, best, cur)
+    return filled
+
+
+@njit(cache=True, nogil=True, fastmath=True, boundscheck=False)
 def _scan_one(m8, scales, q, k):
     # m8 (N, D) int8, scales (N,) float32, q (D,) float32 -> (scores (k,) float32, ids (k,) int64)
     q16 = np.empty(q.shape[0], np.int16)
@@ -135,6 +182,17 @@ def quantize_query(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q8, scale[..., 0]
 
 
+def check_row_tool(row_tool: np.ndarray, rows: int) -> int:
+    """Validate a (R,) row -> tool map (int32, starts at 0, steps of 0 or 1: rows of a tool contiguous, no
+    tool without a row) and return the number of tools T."""
+    if row_tool.shape != (rows,) or row_tool.dtype != np.int32:
+        raise ValueError(f"row_tool must be ({rows},) int32, got {row_tool.shape} {row_tool.dtype}")
+    if rows and (row_tool[0] != 0 or not np.isin(np.diff(row_tool), (0, 1)).all()):
+        raise ValueError("row_tool must number tools 0..T-1 in row order, each tool's rows contiguous: "
+                         "rebuild the buffer")
+    return int(row_tool[-1]) + 1 if rows else 0
+
+
 def _check(m8: np.ndarray, scales: np.ndarray, d: int, k: int) -> int:
     if m8.ndim != 2 or m8.dtype != np.int8:
         raise ValueError(f"buffer matrix must be (N, D) int8, got {m8.shape} {m8.dtype}")
@@ -150,22 +208,33 @@ def _check(m8: np.ndarray, scales: np.ndarray, d: int, k: int) -> int:
 
 def scan_batch(
     m8: np.ndarray, scales: np.ndarray, queries: np.ndarray, k: int = 5, backend: str = "numba",
-    f32: np.ndarray | None = None,
+    f32: np.ndarray | None = None, row_tool: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k rows per query.
+    """Top-k rows (or tools) per query.
 
     m8: (N, D) int8 buffer rows; scales: (N,) float32 per-row scale (row ≈ m8[i] * scales[i]);
     queries: (B, D) float32, L2-normalized; backend "numba" (int8 kernel) or "numpy" (float32 reference:
     `f32` (N, D) float32 if given, else the dequantized buffer, times the float query, by BLAS).
-    Returns (scores (B, k') float32 cosines best first, ids (B, k') int64 row indices), k' = min(k, N).
+    row_tool: (N,) int32 tool of each row (see the module docstring); then ids are tool ids and a tool scores
+    its best row. Returns (scores (B, k') float32 cosines best first, ids (B, k') int64), k' = min(k, N or T).
     """
     queries = np.ascontiguousarray(np.atleast_2d(queries), np.float32)
     k = _check(m8, scales, queries.shape[1], k)
+    if row_tool is not None:
+        k = min(k, check_row_tool(row_tool, m8.shape[0]))
     if backend == "numba":
-        return _scan_many(m8, scales, queries, k)
+        if row_tool is None:
+            return _scan_many(m8, scales, queries, k)
+        out_s, out_i = np.empty((len(queries), k), np.float32), np.empty((len(queries), k), np.int64)
+        q16, acc = np.empty(queries.shape[1], np.int16), np.empty(_BLOCK, np.int32)
+        for j, q in enumerate(queries):
+            _scan_groups_into(m8, scales, row_tool, q, q16, acc, out_s[j], out_i[j])
+        return out_s, out_i
     if backend == "numpy":
         mat = f32 if f32 is not None else m8.astype(np.float32) * scales[:, None]
         s = queries @ mat.T  # (B, N)
+        if row_tool is not None:  # best row per tool: (B, T)
+            s = np.maximum.reduceat(s, np.flatnonzero(np.r_[True, np.diff(row_tool) != 0]), axis=1)
         part = (np.argpartition(-s, k - 1, axis=1)[:, :k] if k < s.shape[1]
                 else np.tile(np.arange(s.shape[1]), (len(s), 1)))
         ps = np.take_along_axis(s, part, axis=1)
@@ -176,12 +245,16 @@ def scan_batch(
 
 def scan(
     m8: np.ndarray, scales: np.ndarray, query: np.ndarray, k: int = 5, backend: str = "numba",
-    f32: np.ndarray | None = None,
+    f32: np.ndarray | None = None, row_tool: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k rows for one (D,) float32 query: (scores (k,) float32 best first, ids (k,) int64).
+    """Top-k rows (tools, with `row_tool`) for one (D,) float32 query: (scores (k,) float32 best first,
+    ids (k,) int64).
 
     The Numba path is the hot path of routing: only cheap checks run before the kernel.
     """
+    if row_tool is not None:
+        s, i = scan_batch(m8, scales, np.asarray(query, np.float32)[None, :], k, backend, f32, row_tool)
+        return s[0], i[0]
     if backend == "numba" and query.dtype == np.float32 and query.ndim == 1 and query.shape[0] == m8.shape[1] > 0:
         if 0 < k <= m8.shape[0] and len(scales) == m8.shape[0] and m8.dtype == np.int8:  # cheap checks only
             return _scan_one(m8, scales, query, k)

@@ -10,6 +10,7 @@ import numpy as np
 from registry.home import home_path
 from slb.buffer import SLBuffer, write_buffer
 from slb.build import BuildReport, build_buffer
+from slb.duplicates import duplicate_map, margin_to_distinct
 from slb.embedder import Embedder, EmbedderConfig
 from slb.gate import GateConfig, gate_stats, pick_floor, pick_tau
 from slb.reranker import Reranker, RerankerTrainConfig, registry_fingerprint, train_reranker, trained_for
@@ -24,12 +25,23 @@ def buffer_path() -> Path:
     return home_path("slb", "buffer.slb")
 
 
-def registry_tools(store=None) -> list[ToolEntry]:
-    """Tools of the registry store (default: the one in the Nexus home)."""
+# example sources that become buffer rows: templated examples are stored and shown but not routed on (with
+# best-row scoring they lowered top-1 on the public data: 0.875 -> 0.857 at 250 tools, see notes/note28.md)
+ROUTED_SOURCES = ("user", "learned")
+
+
+def registry_tools(store=None, examples: tuple[str, ...] = ROUTED_SOURCES) -> list[ToolEntry]:
+    """Tools of the registry store (default: the one in the Nexus home), each with its stored example requests
+    of the given sources (registry.store.RegistryStore.examples) as extra buffer rows."""
+    import dataclasses
+
     from registry.store import RegistryStore
 
     store = store or RegistryStore()
-    tools = [as_entry(t) for t in store.list_tools()]
+    ex = store.examples() if examples else {}
+    tools = [dataclasses.replace(as_entry(t), examples=tuple(e.text for e in ex.get(t.name, ())
+                                                             if e.source in examples))
+             for t in store.list_tools()]
     if not tools:
         raise ValueError("the registry is empty: register tools first (`nexus register --server CMD` or files)")
     return tools
@@ -45,6 +57,23 @@ def build(store=None, config: EmbedderConfig | None = None, path: Path | None = 
     for t in tools:
         store.mark_fresh(t.name, FRESH_KIND, t.schema_hash)
     return report
+
+
+def buffer_is_current(store=None, path: Path | None = None) -> bool:
+    """Whether the buffer holds exactly the rows the registry asks for now: every tool's text and its routed
+    examples (user and learned ones added since the last build make it out of date); False without a buffer."""
+    from slb.buffer import read_header
+    from slb.tools import example_texts, row_key
+
+    path = path or buffer_path()
+    if not path.exists():
+        return False
+    try:
+        h = read_header(path)
+    except ValueError:
+        return False
+    want = [k for t in registry_tools(store) for k in (t.schema_hash, *map(row_key, example_texts(t)))]
+    return (h.get("row_keys") or h["hashes"]) == want
 
 
 def read_labelled(path: str | Path) -> list[tuple[str, str]]:
@@ -78,9 +107,10 @@ def calibrate(tools: list[ToolEntry], labelled: list[tuple[str, str]], embedder:
     if len(labelled) < 10:
         raise ValueError(f"only {len(labelled)} labelled queries name a tool in the buffer: need at least 10")
     qv = embedder.embed_texts([q for q, _ in labelled])
-    s, ids = buf.index.scan_batch(qv, k=2)
+    s, ids = buf.index.scan_batch(qv, k=k)
     gold = np.array([pos[g] for _, g in labelled])
-    margins = s[:, 0] - s[:, 1] if s.shape[1] > 1 else np.ones(len(s))
+    dups = duplicate_map(buf.duplicates or [])
+    margins = np.array([margin_to_distinct(si, ii, dups) for si, ii in zip(s, ids)])  # as the router measures it
     correct = ids[:, 0] == gold
     cal = {"tau": pick_tau(margins, correct, target), "floor": pick_floor(s[:, 0], floor_recall), "k": k,
            "target": target, "queries": len(labelled), "tools": len(names)}
@@ -134,8 +164,17 @@ def open_router(mode: str = "gate", reranker: str | None = None, config: Embedde
                 tools: list[ToolEntry] | None = None, path: Path | None = None) -> Router:
     """A Router over the home buffer with its stored calibration and the matching (or given) reranker, its models
     loaded (the first route is timed as routing)."""
-    embedder = Embedder(config).load()
     path = path or buffer_path()
+    if config is None and path.exists():  # a buffer built by the quantized embedder is routed with it
+        from slb.buffer import read_header
+        from slb.embedder import QINT8_SUFFIX
+
+        try:
+            quantized = QINT8_SUFFIX + "#" in read_header(path)["model_id"]
+        except ValueError:
+            quantized = False  # SLBuffer below reports the damage
+        config = EmbedderConfig(quantize=True) if quantized else None
+    embedder = Embedder(config).load()
     buf = SLBuffer(path, model_id=embedder.model_id)
     by_name = {t.name: t for t in (tools if tools is not None else registry_tools())}
     missing = [n for n in buf.names if n not in by_name]
@@ -148,4 +187,4 @@ def open_router(mode: str = "gate", reranker: str | None = None, config: Embedde
     rr_dir = Path(reranker) if reranker else default_reranker_dir(entries, embedder.config.recipe)
     if reranker or rr_dir.is_dir():
         rr = Reranker(rr_dir)
-    return Router(embedder, buf.index, entries, gate, rr, mode)
+    return Router(embedder, buf.index, entries, gate, rr, mode, duplicates=buf.duplicates)

@@ -3,6 +3,7 @@
 The core takes plain tool records (`ToolEntry`) so it does not depend on the registry store: anything with
 `name`, `description`, an input schema (`input_schema` or MCP's `inputSchema`) and optionally a
 `schema_hash` becomes one via `as_entry()` (pydantic `registry.model.Tool`, MCP dicts, dataclasses).
+A tool may carry example requests (`examples`): each becomes one more buffer row, embedded like a query.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ DEFAULT_RECIPE = "schema"
 
 @dataclass(frozen=True)
 class ToolEntry:
-    """One routable tool: name, description, JSON-schema `input_schema` and a content hash of all three."""
+    """One routable tool: name, description, JSON-schema `input_schema`, a content hash of those three, and
+    example requests (one buffer row each; not part of the hash)."""
 
     name: str
     description: str = ""
     input_schema: dict = field(default_factory=dict)
     schema_hash: str = ""
+    examples: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -46,7 +49,23 @@ def as_entry(tool: Any) -> ToolEntry:
         return tool
     get = tool.get if isinstance(tool, dict) else (lambda k, d=None: getattr(tool, k, d))
     schema = get("input_schema") or get("inputSchema") or {}
-    return ToolEntry(str(get("name")), get("description") or "", dict(schema), get("schema_hash") or "")
+    examples = get("examples") or ()
+    return ToolEntry(str(get("name")), get("description") or "", dict(schema), get("schema_hash") or "",
+                     tuple(str(e) for e in examples if str(e).strip()) if isinstance(examples, (list, tuple)) else ())
+
+
+MAX_EXAMPLE_ROWS = 16  # buffer rows per tool beyond its text: the first 16 distinct examples
+
+
+def example_texts(tool: ToolEntry, limit: int = MAX_EXAMPLE_ROWS) -> list[str]:
+    """The tool's distinct example requests (whitespace-normalized, first occurrence kept), at most `limit`."""
+    out = dict.fromkeys(" ".join(e.split()) for e in tool.examples)
+    return [e for e in out if e][:limit]
+
+
+def row_key(text: str) -> str:
+    """Content key of an example row (the tool-text row's key is the tool's schema hash)."""
+    return "ex:" + hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def _split_identifier(name: str) -> str:

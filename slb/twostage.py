@@ -11,6 +11,9 @@ split into a contiguous `lead` block (N, kc) of the kc highest-variance coordina
     stage 2: lead[r] . y8[:kc] + tail[r] . y8[kc:] for the shortlisted rows: the same int32 score the
              single-pass kernel computes on the rotated rows; fused top-k.
 
+With several rows per tool (`row_tool`, see slb.scan) the shortlist holds rows and stage 2 offers each
+rescored row under its tool id, keeping a tool's best row only (a tool appears once in the top-k).
+
 Stage 2 is exact, so the result differs from a full scan only when the true best row is not in the
 shortlist (tested on real MiniLM embeddings in tests/slb/test_twostage.py).
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from slb.scan import _BLOCK, _dot_block, _quantize_into, _topk_insert
+from slb.scan import _BLOCK, _dot_block, _offer, _quantize_into
 
 COARSE_DIM = 64  # lead-block width: 64 of 384 int8 coordinates = 1/6 of the bytes read in stage 1
 SHORTLIST = 256  # rows rescored exactly in stage 2
@@ -102,10 +105,28 @@ def _rescore(lead, tail, q16, ids, h, acc):
 
 
 @njit(cache=True, nogil=True, fastmath=True, boundscheck=False)
-def _two_stage_into(rot, lead, tail, scales, q, y, q16, acc, hs, hi, top_s, top_i):
-    # rot (D, D) f32; lead (N, kc) int8; tail (N, D - kc) int8; scales (N,) f32; q (D,) f32 unit query.
-    # Scratch: y (D,) f32, q16 (D,) int16, acc (_BLOCK,) int32, heap hs/hi (L,). Out: top_s/top_i (k,),
-    # best first. Returns the number of filled top-k slots.
+def _offer_unique(top_s, top_i, filled, s, t):
+    # offer tool t with score s to the sorted top-k (k,) holding `filled` entries, each tool at most once
+    # (a better score replaces the tool's entry); returns the new fill
+    for j in range(filled):
+        if top_i[j] == t:
+            if s <= top_s[j]:
+                return filled
+            for m in range(j, filled - 1):  # drop the old entry, then insert as new
+                top_s[m] = top_s[m + 1]
+                top_i[m] = top_i[m + 1]
+            filled -= 1
+            top_s[filled] = -np.inf
+            top_i[filled] = -1
+            break
+    return _offer(top_s, top_i, filled, s, t)
+
+
+@njit(cache=True, nogil=True, fastmath=True, boundscheck=False)
+def _two_stage_into(rot, lead, tail, scales, row_tool, q, y, q16, acc, hs, hi, top_s, top_i):
+    # rot (D, D) f32; lead (N, kc) int8; tail (N, D - kc) int8; scales (N,) f32; row_tool (N,) int32 tool
+    # of each row; q (D,) f32 unit query. Scratch: y (D,) f32, q16 (D,) int16, acc (_BLOCK,) int32, heap
+    # hs/hi (L,). Out: top_s/top_i (k,) tool scores and ids, best first. Returns the filled top-k slots.
     n, kc = lead.shape
     _rotate_into(rot, q, y)
     qscale = _quantize_into(y, q16)
@@ -129,9 +150,5 @@ def _two_stage_into(rot, lead, tail, scales, q, y, q16, acc, hs, hi, top_s, top_
     filled = 0
     for j in range(h):
         s = np.float32(acc[j]) * scales[hi[j]] * qscale
-        if filled < k:
-            filled += 1
-            _topk_insert(top_s, top_i, filled, s, hi[j])
-        elif s > top_s[k - 1]:
-            _topk_insert(top_s, top_i, k, s, hi[j])
+        filled = _offer_unique(top_s, top_i, filled, s, row_tool[hi[j]])
     return filled

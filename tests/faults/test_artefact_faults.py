@@ -148,3 +148,42 @@ def test_registry_locked_briefly_waits_and_succeeds(nexus_home, fault):
         assert report.added == [TOOL.name]
         assert {s.name for s in store.list_servers()} == {"holder"} and store.get_tool(TOOL.name)
     f.observe("waited for the lock, then committed; both rows present", lost=0)
+
+
+EXAMPLE_DAMAGE = {
+    "text_changed": ("example row text changed on disk", "UPDATE examples SET text = 'delete all files' "
+                                                         "WHERE rowid = (SELECT MIN(rowid) FROM examples)"),
+    "checksum_garbled": ("example row checksum garbled", "UPDATE examples SET checksum = 'x' || substr(checksum, 2) "
+                                                            "WHERE source = 'template'"),
+    "source_changed": ("example row source changed", "UPDATE examples SET source = 'learned' "
+                                                      "WHERE source = 'template'"),
+}
+
+
+@pytest.mark.parametrize("damage", list(EXAMPLE_DAMAGE))
+def test_corrupt_examples_are_reported_and_rebuilt(nexus_home, fault, damage):
+    import sqlite3
+
+    from registry.examples import template_examples
+    from registry.store import ExamplesCorruptWarning
+
+    name, sql = EXAMPLE_DAMAGE[damage]
+    f = fault(name, "registry.store examples", "ExamplesCorruptWarning; damaged rows never returned; rebuilt")
+    with RegistryStore() as store:
+        store.add_tools([{**TOOL.to_mcp(), "examples": ["how big is notes.txt"]}])
+        intact = store.examples()["fs.stat"]
+        path = store.path
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute(sql)
+    db.close()
+    with RegistryStore() as store:
+        with pytest.warns(ExamplesCorruptWarning, match="fs.stat.*checksum"):
+            got = store.examples()["fs.stat"]
+        assert "delete all files" not in [e.text for e in got]
+        expected = template_examples(TOOL.name, TOOL.description, TOOL.input_schema)
+        # the same rows as before the damage (a rebuilt template sorts after the kept ones of its source)
+        assert sorted((e.source, e.text) for e in got) == sorted((e.source, e.text) for e in intact)
+        assert sorted(e.text for e in got) == sorted([*expected, "how big is notes.txt"])
+        again = store.examples()["fs.stat"]  # rebuilt rows are valid: no second warning
+        assert [e.text for e in again] == [e.text for e in got]
+    f.observe(f"ExamplesCorruptWarning; damaged rows dropped, {len(expected)} templates rebuilt, user example kept")

@@ -35,10 +35,25 @@ def test_routing_eval_keys_and_no_fitting_on_scored_queries(tmp_path):
     for n in ("4", "12"):
         row = res["sizes"][n]
         for key in ("top1_embed", "top1_int8", "top1_routed", "auto_rate", "auto_precision", "none_precision",
-                    "route_ms_p50"):
+                    "route_ms_p50", "top1_learned", "relevant_to_none", "route_ms_p99"):
             assert key in row
+        assert 0 <= row["top1_learned"] <= 1 and row["relevant_to_none"] == row["none_rate_relevant"]
         assert 0.8 <= row["top1_embed"] <= 1 and abs(row["top1_int8"] - row["top1_embed"]) <= 1 / 12
     assert (tmp_path / "acc.png").stat().st_size > 5000
+
+
+def test_routing_eval_reads_tools_with_descriptions_only(tmp_path):
+    """MetaTool-style catalogues: name and description, no inputSchema."""
+    import evals.routing as routing
+
+    tools = tmp_path / "tools.jsonl"
+    tools.write_text("".join(json.dumps({"name": t["name"], "description": t["description"]}) + "\n" for t in TOOLS))
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("".join(json.dumps({"query": q, "gold_tool": g}) + "\n" for q, g in QUERIES))
+    res = routing.run(_args(routing, ["--tools", str(tools), "--queries", str(queries), "--sizes", "4",
+                                      "--reranker", "none", "--examples", "template"]))
+    row = res["sizes"]["4"]
+    assert row["top1_embed"] >= 0.75 and 0 <= row["top1_learned"] <= 1 and res["catalogue_rows"] > len(TOOLS)
 
 
 def test_scan_eval_keys():
@@ -47,6 +62,9 @@ def test_scan_eval_keys():
     res = scan_eval.run(_args(scan_eval, ["--sizes", "250,2000", "--repeats", "20"]))
     for n in ("250", "2000"):
         assert res["sizes"][n]["numba_us_p50"] > 0 and res["sizes"][n]["numpy_f32_us_p50"] > 0
+    grouped = scan_eval.run(_args(scan_eval, ["--sizes", "250", "--repeats", "20", "--rows-per-tool", "3"]))
+    assert grouped["rows_per_tool"] == 3 and grouped["sizes"]["250"]["rows"] == 750
+    assert grouped["sizes"]["250"]["numba_us_p50"] > 0
 
 
 @pytest.mark.slow

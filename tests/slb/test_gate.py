@@ -35,3 +35,25 @@ def test_gate_config_validates():
         GateConfig(floor=3)
     with pytest.raises(ValueError, match="k must"):
         GateConfig(k=0)
+
+
+def test_abstention_fitted_with_leave_gold_out_negatives():
+    from slb.gate import leave_gold_out, none_score, pick_abstention
+
+    scores = np.array([[0.9, 0.5, 0.4], [0.6, 0.58, 0.3]], np.float32)
+    ids = np.array([[3, 1, 2], [1, 3, 0]])
+    top1, margin = leave_gold_out(scores, ids, np.array([3, 3]))
+    np.testing.assert_allclose(top1, [0.5, 0.6])
+    np.testing.assert_allclose(margin, [0.1, 0.3], atol=1e-6)
+    rng = np.random.default_rng(0)
+    # positives: high score or a clear margin; negatives: as high a score but no margin
+    pos_t, pos_m = rng.uniform(0.4, 0.8, 400), rng.uniform(0.05, 0.3, 400)
+    neg_t, neg_m = rng.uniform(0.35, 0.6, 400), rng.uniform(0.0, 0.03, 400)
+    w, floor = pick_abstention(pos_t, pos_m, neg_t, neg_m, recall=0.98)
+    plain = pick_abstention(pos_t, pos_m, neg_t, neg_m, recall=0.98, grid=(0.0,))
+    assert w > 0 and plain[0] == 0.0
+    assert np.mean(none_score(pos_t, pos_m, w) >= floor) >= 0.98  # the recall is kept
+    rej_w = np.mean(none_score(neg_t, neg_m, w) < floor)
+    assert rej_w > np.mean(neg_t < plain[1])  # and more no-tool queries go to none than with the plain floor
+    with pytest.raises(ValueError, match="none_margin"):
+        GateConfig(none_margin=-1.0)

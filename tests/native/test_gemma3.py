@@ -1,9 +1,10 @@
 """The packaged Gemma 3 270M (base, Q4_K_M, SentencePiece, sliding-window layers): a real second architecture.
 
-- Both backends on 20 prompts x 64 teacher-forced positions (the chat turns of the fallback Gemma template:
-  the base GGUF carries none). Measured here: mean top-1 agreement 0.953 (worst prompt 0.906), mean KL
-  (llama.cpp || MLX) 0.0054 nats (worst 0.0063): llama.cpp quantizes activations for its K-quant dot products,
-  MLX runs the dequantized weights in float32. The bounds sit outside those numbers.
+- Both backends on 10 prompts x 64 teacher-forced positions (the chat turns of the fallback Gemma template:
+  the base GGUF carries none). Measured here: mean top-1 agreement 0.953 (worst prompt 0.922), mean KL
+  (llama.cpp || MLX) 0.0053 nats (worst 0.0062); on all 20 prompts 0.953 (0.906) and 0.0054 (0.0063).
+  llama.cpp quantizes activations for its K-quant dot products, MLX runs the dequantized weights in float32.
+  The bounds sit outside those numbers.
 - Cached incremental decoding equals one-shot prefill, on each backend, past the 512-token window.
 - `nexus generate --raw` gives the same greedy continuation on both backends.
 (`nexus eval splice --model gemma3`: tests/evals/test_splice_eval.py.)
@@ -47,7 +48,7 @@ def test_backends_agree_on_teacher_forced_logits(gemma):
     m, c = gemma["mlx"], gemma["llamacpp"]
     assert m.info.architecture == c.info.architecture == "gemma3" and m.info.windows.count(512) == 15
     agree, kls = [], []
-    for prompt in PROMPTS:
+    for prompt in PROMPTS[::2]:  # 10 of the 20: a 262k-token vocabulary makes each prompt cost 4x SmolLM2's
         ids, start = teacher_forced(m.tokenizer, prompt, n_positions=64)
         a = m.new_session(512).forward_logits(ids)[start - 1 : -1]
         b = c.new_session(512).forward_logits(ids)[start - 1 : -1]

@@ -13,8 +13,9 @@ slb.lexical) + ce_weight · cross-encoder logit; both weights are fitted (gate.p
 on calibration queries or the other fold. top1_routed_lex is the same gate with ce_weight 0 (lexical only).
 The margin is measured to the first candidate that is not a near-duplicate of the top-1 (slb.duplicates);
 top1_routed_dup_aware also counts a near-duplicate of the gold tool as correct (top1_routed stays strict).
-top1_learned: the sequential protocol of learning from confirmed calls (_route_learned). relevant_to_none:
-share of relevant queries routed to none; none_precision: share of --irrelevant prompts routed to none.
+top1_learned: the sequential protocol of learning from confirmed calls (evals.routing_protocols.route_learned).
+relevant_to_none: share of relevant queries routed to none; none_precision: share of --irrelevant prompts routed to
+none.
 decision_ms_p50/p99: the whole decision (query embedding + scan + gate + fusion) on the first --timed queries.
 Every column of a size scores each query on one registry (the same sample for embed, INT8 and routing).
 """
@@ -29,6 +30,8 @@ import time
 from pathlib import Path
 
 from evals.render import Figure, log_ticks, md_table, pct, pyplot, save_plot
+from evals.routing_protocols import decision_latency, embed_latency, route_all, route_learned
+from evals.routing_registry import EXAMPLES, build_catalogue, sample_registry, scan_all
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,33 +67,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(measured: they lower top-1 under best-row scoring, so the router does not route on them)")
 
 
-EXAMPLES = ("template", "none")
-
-
-def _catalogue(emb, tools, f32, examples: str) -> "Catalogue":
-    """The catalogue's rows: tool texts `f32` (T, D) plus, with examples "template", one row per templated
-    example request of each tool (embedded as queries; cached in the Nexus home by text fingerprint)."""
-    import numpy as np
-
-    from registry.atomic import write_atomic
-    from registry.examples import template_examples
-    from registry.home import home_path
-    if examples == "none":
-        return Catalogue(f32, [[i] for i in range(len(tools))])
-    ex = [template_examples(t.name, t.description, t.input_schema) for t in tools]
-    flat = [e for x in ex for e in x]
-    key = hashlib.sha256("\0".join([emb.model_id, *flat]).encode()).hexdigest()[:16]  # ordered: rows follow it
-    cache = home_path("slb", "eval-cache", f"examples-{key}.npy")
-    xv = np.load(cache) if cache.exists() else emb.embed_texts(flat)
-    if not cache.exists():
-        write_atomic(cache, lambda f: np.save(f, xv))
-    rows, at = [], len(tools)
-    for i, x in enumerate(ex):
-        rows.append([i, *range(at, at + len(x))])
-        at += len(x)
-    return Catalogue(np.concatenate([f32, xv]), rows)
-
-
 def check_files(args: argparse.Namespace) -> None:
     """FileNotFoundError naming the flag whose file is absent."""
     for flag in ("tools", "queries", "calib", "irrelevant"):
@@ -105,79 +81,6 @@ def _jsonl(path: str) -> list[dict]:
 
 def _fold(name: str) -> int:
     return hashlib.sha256(name.encode()).digest()[0] % 2
-
-
-def _registry(rng, n_cat: int, gold: int | None, size: int):
-    """Indices into the catalogue: gold (if any) + size − 1 distractors, gold first."""
-    import numpy as np
-
-    size = min(size, n_cat)
-    pick = rng.choice(n_cat, min(size + 1, n_cat), replace=False)
-    if gold is None:
-        return pick[:size]
-    return np.concatenate([[gold], pick[pick != gold][: size - 1]])
-
-
-class Catalogue:
-    """The catalogue's buffer rows: f32 (R, D) float32 unit rows, m8/sc their INT8 form, tool_rows[i] the row
-    indices of catalogue tool i (its tool text first, then its example rows). Without examples R = T and
-    tool_rows[i] = [i]. `learned[i]`: (n, D) float32 rows added to tool i by confirmed calls (sequential eval)."""
-
-    def __init__(self, f32, tool_rows):
-        import numpy as np
-
-        from slb.buffer import quantize_rows
-
-        self.f32 = np.ascontiguousarray(f32, np.float32)
-        self.m8, self.sc = quantize_rows(self.f32)
-        self.tool_rows = [np.asarray(r, np.int64) for r in tool_rows]
-        self.grouped = any(len(r) > 1 for r in self.tool_rows)
-        self.learned: dict[int, np.ndarray] = {}
-        from slb.duplicates import duplicate_map, duplicate_pairs
-
-        # near-duplicate tools of the catalogue by their tool-text rows (slb.duplicates), catalogue ids
-        self.dups = duplicate_map(duplicate_pairs(self.f32[[r[0] for r in self.tool_rows]]))
-
-    def margin(self, scores, ids) -> float:
-        """Scan margin as the router measures it: to the first candidate (catalogue ids) not a duplicate of
-        the top-1."""
-        from slb.duplicates import margin_to_distinct
-
-        return margin_to_distinct(scores, ids, self.dups)
-
-    def registry_duplicates(self, idx) -> list[tuple[int, int, float]]:
-        """Near-duplicate pairs among the tools `idx`, as registry positions (for slb.router.Router)."""
-        at = {int(i): j for j, i in enumerate(idx)}
-        return [(at[a], at[b], c) for a in at for b, c in self.dups.get(a, {}).items() if b in at and at[a] < at[b]]
-
-    def __len__(self) -> int:
-        return len(self.tool_rows)
-
-    def registry(self, idx):
-        """(m8 (R', D) int8, scales (R',), f32 (R', D), row_tool (R',) int32 or None) of the tools `idx`."""
-        import numpy as np
-
-        from slb.buffer import quantize_rows
-
-        if not self.grouped and not self.learned:
-            return (np.ascontiguousarray(self.m8[idx]), np.ascontiguousarray(self.sc[idx]), self.f32[idx], None)
-        rows = [self.tool_rows[i] for i in idx]
-        m8, sc, f32 = self.m8[np.concatenate(rows)], self.sc[np.concatenate(rows)], self.f32[np.concatenate(rows)]
-        counts = np.array([len(r) for r in rows])
-        extra = [(j, self.learned[i]) for j, i in enumerate(idx) if i in self.learned]
-        if extra:  # learned rows of tool j go right after its own rows (rows of a tool stay contiguous)
-            parts_f, parts_t = [f32], [np.repeat(np.arange(len(idx)), counts)]
-            for j, x in extra:
-                parts_f.append(x)
-                parts_t.append(np.full(len(x), j))
-            f32 = np.concatenate(parts_f)
-            order = np.argsort(np.concatenate(parts_t), kind="stable")
-            f32 = np.ascontiguousarray(f32[order])
-            m8, sc = quantize_rows(f32)
-            row_tool = np.sort(np.concatenate(parts_t)).astype(np.int32)
-        else:
-            row_tool = np.repeat(np.arange(len(idx), dtype=np.int32), counts)
-        return np.ascontiguousarray(m8), np.ascontiguousarray(sc), f32, row_tool
 
 
 def _abstention(args, res, golds) -> tuple[float, float]:
@@ -199,33 +102,6 @@ def _abstention(args, res, golds) -> tuple[float, float]:
     return pick_abstention(top1, margin, neg_top1, neg_margin, args.floor_recall)
 
 
-def _float_top1(f32, row_tool, q) -> int:
-    """Registry position of the best tool by float32 cosine (a tool scores its best row)."""
-    import numpy as np
-
-    s = f32 @ q
-    if row_tool is not None:
-        s = np.maximum.reduceat(s, np.flatnonzero(np.r_[True, np.diff(row_tool) != 0]))
-    return int(np.argmax(s))
-
-
-def _scan_all(qv, golds, cat, size, seed, k):
-    """Per query: float top-1, int8 top-k scores/ids (catalogue ids), registry indices (gold first)."""
-    import numpy as np
-
-    from slb.scan import scan
-
-    rng = np.random.default_rng(seed)
-    out = []
-    for q, g in zip(qv, golds):
-        idx = _registry(rng, len(cat), g, size)
-        m8, sc, f32, row_tool = cat.registry(idx)
-        top_f = int(idx[_float_top1(f32, row_tool, q)])
-        s, ids = scan(m8, sc, q, k, row_tool=row_tool)
-        out.append((top_f, s, idx[ids], idx))
-    return out
-
-
 def _fit_weights(rr, texts, lexical, qtexts, qv, golds, cat, size, seed, k, limit=2000) -> dict:
     """Fusion weights fitted on (at most `limit`) calibration queries at registry size `size`:
     {"lex_weight", "ce_weight"} (with the cross-encoder, when there is one) and "lex_only" (ce_weight 0)."""
@@ -236,7 +112,7 @@ def _fit_weights(rr, texts, lexical, qtexts, qv, golds, cat, size, seed, k, limi
     if len(qtexts) == 0:
         return {"lex_weight": 0.0, "ce_weight": 0.0, "lex_only": 0.0}
     sel = np.random.default_rng(seed).permutation(len(qtexts))[:limit]
-    res = _scan_all(qv[sel], golds[sel], cat, size, seed + 104729, k)
+    res = scan_all(qv[sel], golds[sel], cat, size, seed + 104729, k)
     k_eff = min(len(r[1]) for r in res)
     cos = np.stack([r[1][:k_eff] for r in res])
     lex = np.stack([lexical.subset(r[3]).scores(qtexts[j], [int(np.flatnonzero(r[3] == c)[0]) for c in r[2][:k_eff]])
@@ -285,7 +161,7 @@ def run(args: argparse.Namespace) -> dict:
     f32 = np.load(cache) if cache.exists() else emb.embed_tools(tools)
     if not cache.exists():
         write_atomic(cache, lambda f: np.save(f, f32))  # a torn cache would be loaded on the next run
-    cat = _catalogue(emb, tools, f32, args.examples)
+    cat = build_catalogue(emb, tools, f32, args.examples)
     embed_tools_s = time.perf_counter() - t0
     qv = emb.embed_texts([q["query"] for q in scored])
     golds = np.array([pos[q["gold_tool"]] for q in scored])
@@ -338,7 +214,7 @@ def run(args: argparse.Namespace) -> dict:
     print(f"{'N':>6} {'embed':>7} {'int8':>7} {'routed':>7} {'lexonly':>7} {'learned':>7} {'auto%':>6} {'autoP':>6} "
           f"{'none%':>6} {'rel>0':>6} {'p50ms':>7} {'p99ms':>7} {'tau':>6} {'floor':>6}")
     for size in sizes:
-        res = _scan_all(qv, golds, cat, size, args.seed + size, args.k)
+        res = scan_all(qv, golds, cat, size, args.seed + size, args.k)
         top1_f = np.array([r[0] for r in res]) == golds
         top1_8 = np.array([r[2][0] for r in res]) == golds
         margins = np.array([cat.margin(r[1], r[2]) for r in res])
@@ -352,7 +228,7 @@ def run(args: argparse.Namespace) -> dict:
                                       args.k, weights[f]["lex_weight"], weights[f]["ce_weight"], nm)
             gate_of = [gates[f] for f in folds]
         else:
-            cres = _scan_all(cv, cgolds, cat, size, args.seed + 7919 + size, args.k)
+            cres = scan_all(cv, cgolds, cat, size, args.seed + 7919 + size, args.k)
             cm = np.array([cat.margin(r[1], r[2]) for r in cres])
             cc = np.array([r[2][0] for r in cres]) == cgolds
             nm, fl = _abstention(args, cres, cgolds)
@@ -361,7 +237,7 @@ def run(args: argparse.Namespace) -> dict:
             gate_of = [g] * len(scored)
         # routed on the very registries the embed / INT8 columns were scored on (res[i][3])
         chosen: list = []
-        routed, paths, lat = _route_all(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, cat, lexical,
+        routed, paths, lat = route_all(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, cat, lexical,
                                         chosen)
         # duplicate-aware: the chosen tool is the gold one or a near-duplicate of it (slb.duplicates)
         dup_ok = [c is not None and (pos[c] == g or pos[c] in cat.dups.get(int(g), {})) for c, g in zip(chosen, golds)]
@@ -370,10 +246,10 @@ def run(args: argparse.Namespace) -> dict:
         if all(a == b for a, b in zip(lex_gates, gate_of)):  # fitted ce_weight 0 and the same lex weight: identical
             routed_lex, lat_lex = routed, lat
         else:
-            routed_lex, _, lat_lex = _route_all(emb, scored, qv, golds, res, lex_gates, folds, rr, tools, names, cat,
+            routed_lex, _, lat_lex = route_all(emb, scored, qv, golds, res, lex_gates, folds, rr, tools, names, cat,
                                                 lexical)
-        dec = _decision_latency(emb, scored, res, gate_of, folds, rr, tools, cat, lexical, args.timed)
-        learned = _route_learned(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, cat, lexical,
+        dec = decision_latency(emb, scored, res, gate_of, folds, rr, tools, cat, lexical, args.timed)
+        learned = route_learned(emb, scored, qv, golds, res, gate_of, folds, rr, tools, names, cat, lexical,
                                  args.learn_cap)
         paths = np.array(paths)
         auto = paths == "auto"
@@ -383,7 +259,7 @@ def run(args: argparse.Namespace) -> dict:
             rng_i = np.random.default_rng(args.seed + 17 * size)
             nn = 0
             for q, v in zip(irr, iv):
-                idx = _registry(rng_i, len(tools), None, size)
+                idx = sample_registry(rng_i, len(tools), None, size)
                 m8_i, sc_i, _, rt_i = cat.registry(idx)
                 s, _ = scan(m8_i, sc_i, v, 2, row_tool=rt_i)
                 nn += bool(none_score(s[0], s[0] - s[1] if len(s) > 1 else 1.0, g.none_margin) < g.floor)
@@ -414,79 +290,12 @@ def run(args: argparse.Namespace) -> dict:
               f"{(row['auto_precision'] or 0):6.3f} {(none_prec if none_prec is not None else float('nan'))*100:6.1f} "
               f"{row['relevant_to_none']*100:6.1f} {row['route_ms_p50']:7.2f} {row['route_ms_p99']:7.2f} "
               f"{row['tau']:6.3f} {row['floor']:6.3f}")
-    _embed_latency(emb, scored, result)
+    embed_latency(emb, scored, result)
     plot = args.plot or (str(Path(args.json_out).with_suffix(".png")) if getattr(args, "json_out", None) else None)
     if plot:
         save_plot(FIGURES, result, plot)
         result["plot"] = plot
     return result
-
-
-def _route_all(emb, scored, qv, golds, res, gates, folds, rr, tools, names, cat, lexical, chosen=None):
-    """Route every scored query over its registry res[i][3]: (correct, paths, total ms) lists; the chosen
-    tool names are appended to `chosen` when given."""
-
-    from slb.index import ScanIndex
-    from slb.router import Router
-
-    routed, paths, lat = [], [], []
-    for q, v, g, r, gate, f in zip(scored, qv, golds, res, gates, folds):
-        idx = r[3]
-        m8, sc, _, row_tool = cat.registry(idx)
-        router = Router(emb, ScanIndex(m8, sc, row_tool=row_tool), [tools[i] for i in idx], gate, rr[f],
-                        lexical=lexical.subset(idx), duplicates=cat.registry_duplicates(idx))
-        d = router.route(q["query"], v)
-        routed.append(d.tool == names[g])
-        paths.append(d.path)
-        lat.append(d.timings["total_ms"])
-        if chosen is not None:
-            chosen.append(d.tool)
-    return routed, paths, lat
-
-
-def _decision_latency(emb, scored, res, gates, folds, rr, tools, cat, lexical, n: int) -> list[float]:
-    """Milliseconds of whole route decisions (embedding the query text included) for the first n queries."""
-    from slb.index import ScanIndex
-    from slb.router import Router
-
-    out = []
-    for q, r, gate, f in list(zip(scored, res, gates, folds))[:n]:
-        idx = r[3]
-        m8, sc, _, row_tool = cat.registry(idx)
-        router = Router(emb, ScanIndex(m8, sc, row_tool=row_tool), [tools[i] for i in idx], gate, rr[f],
-                        lexical=lexical.subset(idx), duplicates=cat.registry_duplicates(idx))
-        out.append(router.route(q["query"]).timings["total_ms"])
-    return out
-
-
-def _route_learned(emb, scored, qv, golds, res, gates, folds, rr, tools, names, cat, lexical, cap: int):
-    """Sequential protocol of learning from confirmed calls: queries in file order (so each tool's queries in
-    a fixed order); each is routed over its registry res[i][3] with the learned rows of every tool in it
-    (the embeddings of the earlier queries confirmed for that tool, at most `cap`, deduplicated by text), then
-    confirmed (its query becomes a learned row of its gold tool). Every query is scored once, before it is
-    learned from. Returns the (Q,) correctness list."""
-    import numpy as np
-
-    from slb.index import ScanIndex
-    from slb.router import Router
-
-    seen: dict[int, list[tuple[str, np.ndarray]]] = {}
-    routed = []
-    try:
-        for q, v, g, r, gate, f in zip(scored, qv, golds, res, gates, folds):
-            idx = r[3]
-            cat.learned = {i: np.stack([x for _, x in seen[i]]) for i in idx if i in seen}
-            m8, sc, _, row_tool = cat.registry(idx)
-            router = Router(emb, ScanIndex(m8, sc, row_tool=row_tool), [tools[i] for i in idx], gate, rr[f],
-                            lexical=lexical.subset(idx), duplicates=cat.registry_duplicates(idx))
-            routed.append(router.route(q["query"], v).tool == names[g])
-            rows = seen.setdefault(int(g), [])
-            if all(t != q["query"] for t, _ in rows):
-                rows.append((q["query"], v))
-                del rows[:-cap]
-    finally:
-        cat.learned = {}
-    return routed
 
 
 def _train_rerankers(tools, emb, labelled: dict, args) -> tuple[dict, float | None]:
@@ -503,18 +312,6 @@ def _train_rerankers(tools, emb, labelled: dict, args) -> tuple[dict, float | No
         if not trained_for(paths[f], tools, args.recipe, lab, cfg):
             train_s = (train_s or 0.0) + train_reranker(tools, emb, paths[f], lab, cfg)["train_s"]
     return paths, train_s
-
-
-def _embed_latency(emb, scored, result) -> None:
-    """p50 ms to embed one query (the router's first stage; excluded from route_ms above)."""
-    import numpy as np
-
-    ts = []
-    for q in scored[:30]:
-        t = time.perf_counter()
-        emb.embed_query(q["query"])
-        ts.append((time.perf_counter() - t) * 1e3)
-    result["embed_query_ms_p50"] = float(np.percentile(ts, 50)) if ts else None
 
 
 def table(r: dict) -> str:

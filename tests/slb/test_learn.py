@@ -68,7 +68,7 @@ def test_route_label_adds_a_row_the_next_route_matches(nexus_home, tmp_path):
 
 
 def test_eval_catalogue_puts_learned_rows_beside_their_tools_rows():
-    from evals.routing import Catalogue
+    from evals.routing_registry import Catalogue
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 8)).astype(np.float32)

@@ -56,10 +56,6 @@ def read_gguf_tensors(path: str, header: GGUFHeader) -> dict[str, mx.array]:
     return out
 
 
-def _rows(w: mx.array) -> int:
-    return int(w.shape[0])
-
-
 def _gguf_weights(path: str, header: GGUFHeader):
     meta = header.metadata
     name = str(meta.get("general.architecture", "?"))
@@ -67,7 +63,7 @@ def _gguf_weights(path: str, header: GGUFHeader):
     raw = read_gguf_tensors(path, header)
     if "token_embd.weight" not in raw:
         raise ModelError(f"{path}: no token_embd tensor (not a language model GGUF?)")
-    args = arch.gguf_args(Fields(meta, path, f"{name}."), _rows(raw["token_embd.weight"]),
+    args = arch.gguf_args(Fields(meta, path, f"{name}."), int(raw["token_embd.weight"].shape[0]),
                           lambda t: np.array(raw[t].astype(mx.float32)) if t in raw else None)
     weights = {}
     for k, v in raw.items():

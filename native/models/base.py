@@ -238,4 +238,6 @@ class CausalLM(nn.Module):
         """Re-anchor post-RoPE keys (L, Hkv, T, D) by `delta` positions, each layer with its own RoPE."""
         if delta == 0:
             return keys
+        if len(set(self.args.ropes)) == 1:  # one RoPE for every layer: one rotation over all of them
+            return self.args.ropes[0].shift(keys, delta)
         return mx.stack([rope.shift(keys[i], delta) for i, rope in enumerate(self.args.ropes)])

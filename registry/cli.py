@@ -42,8 +42,8 @@ def register(subparsers) -> None:
     p = tools.add_parser("remove", help="remove tools by name")
     p.add_argument("names", nargs="+")
     p.set_defaults(func=cmd_tools_remove)
-    ex = tools.add_parser("examples", help="example requests of a tool (user and learned ones are rows the router matches)").add_subparsers(
-        dest="examples_command", required=True)
+    ex = tools.add_parser("examples", help="example requests of a tool (the router matches user and learned ones)")
+    ex = ex.add_subparsers(dest="examples_command", required=True)
     p = ex.add_parser("add", help="add example requests to a tool (kept until its schema changes)")
     p.add_argument("name")
     p.add_argument("texts", nargs="+", metavar="TEXT")

@@ -36,6 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--catalog", required=True, metavar="FILE",
                    help="JSONL of MCP tools used as distractors (e.g. the public routing catalogue tools.jsonl)")
+    p.add_argument("--multi-tasks", type=int, default=None, metavar="N",
+                   help="multi-step tasks per size, run end to end on the real bundled servers (default 20; "
+                        "--quick 8)")
+    p.add_argument("--copy-bias", type=float, default=None, help="copy bias (default: the agent's)")
 
 
 def _bundled_tools():
@@ -115,6 +119,7 @@ def run(args: argparse.Namespace) -> dict:
     from slb.tools import as_entry
 
     n_tasks, n_base = (30, 3) if args.quick else (args.tasks, args.baseline_tasks)
+    n_multi = args.multi_tasks if args.multi_tasks is not None else (8 if args.quick else 20)
     sizes = [int(s) for s in args.sizes.split(",")]
     bundled = _bundled_tools()
     names = {t.name for t in bundled}
@@ -127,8 +132,11 @@ def run(args: argparse.Namespace) -> dict:
     m8, sc = quantize_rows(f32)
     qv = emb.embed_texts([t.request for t in tasks])
     backend = load_backend(args.backend)
-    agent = Agent(backend, None, {t.name: t for t in tools}, ServerPool({}, {}), AgentConfig(n_ctx=N_CTX, answer=False))
-    agent.pool.call = lambda tool, a: _NoCall(tool)  # the eval scores arguments; calls are the loop tests' job
+    config = AgentConfig(n_ctx=N_CTX, answer=False)
+    if args.copy_bias is not None:
+        config.copy_bias = args.copy_bias
+    agent = Agent(backend, None, {t.name: t for t in tools}, ServerPool({}, {}), config)
+    agent.pool.call = lambda tool, a: _NoCall(tool)  # single steps score arguments; multi-step tasks call
     result = {"backend": args.backend, "tasks": len(tasks), "seed": args.seed, "quick": bool(args.quick),
               "router": "slb scan top-1 (embed mode)", "sizes": {}}
     for size in sizes:
@@ -158,10 +166,67 @@ def run(args: argparse.Namespace) -> dict:
             agent.trace.events.clear()
         result["sizes"][str(size)] = _summary(rows)
         result["sizes"][str(size)]["rows"] = rows
+        if n_multi:
+            multi = _multi(agent, emb, tools, entries, m8, sc, len(bundled), by_name, size, n_multi, args.seed)
+            result["sizes"][str(size)].update(multi)
+    result["copy_bias"] = agent.config.copy_bias
     agent.live.close()
     backend.close()
     _print_table(result)
     return result
+
+
+def _multi(agent, emb, tools, entries, m8, sc, bundled, by_name, size, n, seed) -> dict:
+    """Multi-step tasks end to end (`Agent.run_turn`: steps split, each routed, arguments decoded with the
+    earlier results in view, the real bundled servers called); a task is exact when every step called its
+    gold tool with acceptable arguments."""
+    import json
+    import tempfile
+
+    import numpy as np
+
+    from evals.agent_tasks import args_equal, make_multi_tasks
+    from nexus_agent.servers import ServerPool
+    from registry.servers import command_for
+    from slb.index import ScanIndex
+    from slb.router import Router
+
+    tasks = make_multi_tasks(n, seed)
+    rng = np.random.default_rng(seed + size + 1)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        names = ("calculator", "clock", "notes")
+        commands = {s: command_for(s) + (f" --db {tmp}/notes.sqlite" if s == "notes" else "") for s in names}
+        pool = ServerPool(commands, {t.name: t.server for t in tools[:bundled] if t.server in names})
+        saved_pool, saved_router = agent.pool, agent.router
+        agent.pool = pool
+        try:
+            for task in tasks:
+                golds = [by_name[t] for t, _ in task.steps]
+                others = [i for i in _registry(rng, golds[0], bundled, len(tools), size + len(golds))
+                          if i not in golds]
+                idx = golds + others[: max(size - len(golds), 0)]
+                agent.router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])),
+                                      [entries[i] for i in idx], mode="embed")
+                _cold(agent.live)
+                turn = agent.run_turn(task.request)
+                results, ok = [], len(turn.calls) == len(task.steps)
+                for k, call in enumerate(turn.calls[: len(task.steps)]):
+                    gold_tool = task.steps[k][0]
+                    accepted = task.gold(k, results) if len(results) == k else []
+                    ok = ok and call.tool == gold_tool and any(args_equal(call.arguments, g) for g in accepted)
+                    try:
+                        results.append(json.loads(call.observation.text))
+                    except ValueError:
+                        results.append({})
+                rows.append({"request": task.request, "exact": ok,
+                             "calls": [{"tool": c.tool, "arguments": c.arguments, "status": c.observation.status,
+                                        "value_sources": c.value_sources} for c in turn.calls]})
+                agent.trace.events.clear()
+        finally:
+            agent.pool, agent.router = saved_pool, saved_router
+            pool.close()
+    return {"multi_exact": sum(r["exact"] for r in rows) / len(rows), "multi_tasks": len(rows), "multi_rows": rows}
 
 
 class _NoCall:
@@ -210,15 +275,17 @@ def _print_table(result: dict) -> None:
               f"{f(s['context_tokens_baseline'], '9.0f'):>9}"
               + (f"  (baseline prompt {s['baseline_prompt_tokens']:.0f} tokens > {N_CTX}: overflows)"
                  if s["baseline_overflows"] else ""))
+        if "multi_exact" in s:
+            print(f"{'':>6} multi-step exact {s['multi_exact']:.1%} over {s['multi_tasks']} tasks")
 
 
 def table(r: dict) -> str:
     """Markdown: per registry size, routing / JSON-valid / exact-argument rates, TTFAT and context tokens against
     the concatenate-all baseline."""
-    return md_table(["tools", "routing", "JSON valid", "args exact", "TTFAT (ms)", "baseline TTFAT (ms)",
-                     "context (tok)", "baseline context (tok)"],
-                    [[n, pct(s["routing_acc"]), pct(s["json_valid"]), pct(s["args_exact"]), s["ttfat_ms"],
-                      s["ttfat_baseline_ms"], s["context_tokens"], s["baseline_prompt_tokens"]]
+    return md_table(["tools", "routing", "JSON valid", "args exact", "multi-step exact", "TTFAT (ms)",
+                     "baseline TTFAT (ms)", "context (tok)", "baseline context (tok)"],
+                    [[n, pct(s["routing_acc"]), pct(s["json_valid"]), pct(s["args_exact"]), pct(s.get("multi_exact")),
+                      s["ttfat_ms"], s["ttfat_baseline_ms"], s["context_tokens"], s["baseline_prompt_tokens"]]
                      for n, s in sorted(r["sizes"].items(), key=lambda kv: int(kv[0]))])
 
 

@@ -69,6 +69,55 @@ def make_tasks(n: int = 120, seed: int = 0) -> list[Task]:
     return out
 
 
+@dataclass(frozen=True)
+class MultiTask:
+    """A request of several steps whose later arguments come from earlier results.
+
+    `steps`: (tool, gold) per step, where gold is a list of acceptable argument dicts, or a function of the
+    earlier steps' results (parsed JSON dicts, in order) returning that list.
+    """
+
+    request: str
+    steps: tuple
+
+    def gold(self, k: int, results: list[dict]) -> list[dict]:
+        """Acceptable arguments of step k given the earlier results ([] when those lack what it needs)."""
+        tool, g = self.steps[k]
+        if not callable(g):
+            return g
+        try:
+            return g(results)
+        except (KeyError, IndexError, TypeError):
+            return []
+
+
+def _multi_templates(r: random.Random) -> list[MultiTask]:
+    a, b, c = r.randint(2, 99), r.randint(2, 99), r.randint(2, 9)
+    d = r.choice(DATES)
+    n = r.randint(1, 60)
+    w = r.choice(WORDS)
+    return [
+        MultiTask(f"Add {a} and {b}, then multiply the result by {c}",
+                  (("add", [{"a": a, "b": b}, {"a": b, "b": a}]),
+                   ("multiply", lambda res, c=c: [{"a": res[0]["result"], "b": c}, {"a": c, "b": res[0]["result"]}]))),
+        MultiTask(f"Multiply {a} by {b}, then divide the result by {c}",
+                  (("multiply", [{"a": a, "b": b}, {"a": b, "b": a}]),
+                   ("divide", lambda res, c=c: [{"numerator": res[0]["result"], "denominator": c}]))),
+        MultiTask(f"What date is {n} days after {d}? Then tell me what day of the week that date is",
+                  (("add_days", [{"date": d, "days": n}]),
+                   ("weekday", lambda res: [{"date": res[0]["date"]}]))),
+        MultiTask(f"Add a note titled {w} with the body 'buy {w}', then show me the note with that id",
+                  (("add_note", [{"title": w, "body": f"buy {w}"}]),
+                   ("get_note", lambda res: [{"note_id": res[0]["id"]}]))),
+    ]
+
+
+def make_multi_tasks(n: int = 20, seed: int = 0) -> list[MultiTask]:
+    """n multi-step tasks cycling over the templates, values drawn from Random(seed + 1)."""
+    r = random.Random(seed + 1)
+    return [_multi_templates(r)[i % 4] for i in range(n)]
+
+
 def args_equal(got: dict | None, gold: dict, defaults: dict | None = None) -> bool:
     """Exact-argument match: every gold key equal (numbers compared by value, strings exactly); keys the model
     added beyond gold must equal their schema default."""

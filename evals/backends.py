@@ -117,11 +117,14 @@ class _Ours:
         return dt
 
     def decode(self, ids: list[int], n: int) -> float:
+        """n decode steps through our one decode loop (`generate_step`, greedy), after an untimed prefill."""
+        from native.generate import Sampler, SamplerConfig, generate_step
+
         s = self.backend.new_session(self.n_ctx)
         logits = s.prefill(ids)
         t = time.perf_counter()
-        for _ in range(n):
-            logits = s.decode(int(logits.argmax()))
+        for _ in generate_step(s, ids, Sampler(SamplerConfig()), n + 1, logits=logits):
+            pass  # n + 1 tokens sampled, n decoded (the last one is not)
         dt = time.perf_counter() - t
         s.close()
         return dt

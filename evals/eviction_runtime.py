@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from native.generate import Sampler, SamplerConfig, generate_step
 from nexus_agent.eviction import EvictingSession, EvictionConfig, make_policy
 
 
@@ -59,9 +60,7 @@ def _answer(s, tok, fact, steps: int = 6, asked: int = 0) -> tuple[bool, float]:
     s.begin_answer(first_step=mark + len(q) - 1)
     logits = s.forward_logits(q)[-1]
     nll = float(np.logaddexp.reduce(logits.astype(np.float64)) - logits[a[0]])
-    out = [int(logits.argmax())]
-    for _ in range(max(steps, len(a)) - 1):
-        out.append(int(s.decode(out[-1]).argmax()))
+    out = [t for t, _ in generate_step(s, q, Sampler(SamplerConfig()), max(steps, len(a)), logits=logits)]
     s.remove(mark, s.n_past)
     return out[: len(a)] == a, nll
 

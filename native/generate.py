@@ -1,15 +1,25 @@
-"""Generation in three layers: `generate_step` (token ids) -> `stream_generate` (GenerationResponse) ->
-`generate` (str)."""
+"""The one decode loop. `generate_step` (token ids, with logits processors) -> `stream_generate`
+(GenerationResponse) -> `generate` (str).
+
+Chat, tool arguments and agent answers all run through `generate_step`, on every local backend; what differs
+between them is only the list of logits processors (a grammar mask, a loop guard, a copy bias), the way
+mlx-lm's `generate_step(sampler=, logits_processors=)` composes them. `Detokenizer` is the one place that
+turns a growing token list into streamed text without splitting a UTF-8 character.
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from native.base import Backend, Session
+
+# A logits processor sees the tokens generated so far (prompt excluded) and the (vocab,) logits for the next
+# one, and returns the logits to sample from (-inf forbids a token). Processors run in list order.
+LogitsProcessor = Callable[[list[int], np.ndarray], np.ndarray]
 
 
 @dataclass
@@ -49,19 +59,58 @@ class Sampler:
 
 
 def generate_step(
-    session: Session, prompt: Sequence[int], sampler: Sampler, max_tokens: int, stop_ids: frozenset[int] = frozenset()
+    session: Session, prompt: Sequence[int], sampler: Sampler, max_tokens: int,
+    stop_ids: frozenset[int] = frozenset(), logits_processors: Sequence[LogitsProcessor] = (),
+    logits: np.ndarray | None = None,
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """Prefill `prompt`, then yield (token, logits it was sampled from) until a stop token or `max_tokens`.
+    """Prefill `prompt` (skipped when `logits` after it are given), then yield (token, the processed logits it
+    was sampled from) until a stop token or `max_tokens`.
 
     A stop token is yielded too (the caller decides whether to show it) and ends the stream; it is not decoded.
+    The stream also ends, without decoding the token just yielded, when a processor's optional
+    `finished(tokens)` says so (a grammar that accepts nothing more), and, without yielding, when the
+    processors leave no token allowed (every logit -inf). So the session holds the prompt and every yielded
+    token except the last one (all of them in the no-token-allowed case).
     """
-    logits = session.prefill(prompt)
+    if logits is None:
+        logits = session.prefill(list(prompt))
+    out: list[int] = []
+    enders = [p.finished for p in logits_processors if hasattr(p, "finished")]
     for i in range(max_tokens):
+        for proc in logits_processors:
+            logits = proc(out, logits)
+        if not np.isfinite(logits).any():
+            return
         token = sampler(logits)
         yield token, logits
         if token in stop_ids or i == max_tokens - 1:
             return
+        out.append(token)
+        if any(done(out) for done in enders):
+            return
         logits = session.decode(token)
+
+
+class Detokenizer:
+    """Streamed text of a growing token list: `add(token)` returns the new text, holding back an incomplete
+    UTF-8 sequence (decoded as U+FFFD) until the token that completes it arrives."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.text = ""
+
+    def add(self, token: int) -> str:
+        self.tokens.append(token)
+        text = self.tokenizer.decode(self.tokens)
+        if text.endswith("\ufffd"):
+            return ""
+        piece, self.text = text[len(self.text):], text
+        return piece
+
+    def final(self) -> str:
+        """The whole text (an incomplete trailing character included as U+FFFD)."""
+        return self.tokenizer.decode(self.tokens)
 
 
 @dataclass
@@ -90,11 +139,14 @@ def stream_generate(
     max_tokens: int = 128,
     sampler: SamplerConfig | None = None,
     session: Session | None = None,
+    logits_processors: Sequence[LogitsProcessor] = (),
+    logits: np.ndarray | None = None,
 ) -> Iterator[GenerationResponse]:
     """Stream a completion. `prompt`: chat messages (rendered with the model's template), raw text, or token ids.
 
-    A text-only backend (`capabilities.text_only`, an HTTP server) streams through its `TextBackend.stream_text`;
-    `session` applies to local backends only.
+    `session`: decode on this session (kept open) instead of a fresh one; `logits`: the session already holds
+    `prompt` and these are its next-token logits (no prefill). A text-only backend (`capabilities.text_only`,
+    an HTTP server) streams through its `TextBackend.stream_text`; the other arguments apply to local backends.
     """
     if backend.capabilities.text_only:
         yield from backend.stream_text(prompt, max_tokens, sampler)
@@ -110,26 +162,23 @@ def stream_generate(
     session = session or backend.new_session()
     t0 = time.perf_counter()
     t_first = None
-    out: list[int] = []
-    shown = ""
+    text = Detokenizer(tok)
     try:
-        for token, _ in generate_step(session, ids, Sampler(sampler or SamplerConfig()), max_tokens, tok.eos_ids):
+        steps = generate_step(session, ids, Sampler(sampler or SamplerConfig()), max_tokens, tok.eos_ids,
+                              logits_processors, logits)
+        for token, _ in steps:
             now = time.perf_counter()
             if t_first is None:
                 t_first = now
             stop = token in tok.eos_ids
-            if not stop:
-                out.append(token)
-            text = tok.decode(out)
-            piece = ""
-            if not text.endswith("\ufffd"):  # hold back an incomplete UTF-8 sequence
-                piece, shown = text[len(shown):], text
-            finish = "stop" if stop else ("length" if len(out) >= max_tokens else None)
+            piece = "" if stop else text.add(token)
+            n = len(text.tokens)
+            finish = "stop" if stop else ("length" if n >= max_tokens else None)
             gen_time = now - t_first
             yield GenerationResponse(
-                text=piece, token=token, prompt_tokens=len(ids), generation_tokens=len(out),
+                text=piece, token=token, prompt_tokens=len(ids), generation_tokens=n,
                 prompt_tps=len(ids) / max(t_first - t0, 1e-9),
-                generation_tps=(len(out) - 1) / gen_time if gen_time > 0 else 0.0,
+                generation_tps=(n - 1) / gen_time if gen_time > 0 else 0.0,
                 ttft_s=t_first - t0, finish_reason=finish,
             )
             if finish:

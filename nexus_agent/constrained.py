@@ -34,19 +34,46 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(keep, chars)}
 
 
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _token_bytes(tokenizer) -> list[bytes]:
+    """Every token id's bytes: byte-level BPE strings through the GPT-2 alphabet, SentencePiece pieces with
+    `▁` as a space and `<0xNN>` byte-fallback pieces as their byte, special tokens as their literal text."""
+    dec = _byte_decoder()
+    sentencepiece = any("\u2581" in tokenizer.token_text(i) for i in tokenizer.encode("a b c"))
+    out: list[bytes] = []
+    for i in range(tokenizer.vocab_size):
+        text = tokenizer.token_text(i)
+        if i in tokenizer.special_ids:
+            out.append(text.encode("utf-8"))
+        elif sentencepiece:
+            m = _BYTE_PIECE.fullmatch(text)
+            out.append(bytes([int(m.group(1), 16)]) if m else text.replace("\u2581", " ").encode("utf-8"))
+        elif all(ch in dec for ch in text):
+            out.append(bytes(dec[ch] for ch in text))
+        else:
+            out.append(text.encode("utf-8"))
+    return out
+
+
+@lru_cache(maxsize=4)
+def _token_bytes_cached(digest: str, tokenizer_ref: int) -> tuple[bytes, ...]:
+    return tuple(_token_bytes(_REFS[tokenizer_ref]))
+
+
+def token_bytes(tokenizer) -> tuple[bytes, ...]:
+    """`_token_bytes`, computed once per vocabulary."""
+    _REFS[id(tokenizer)] = tokenizer
+    return _token_bytes_cached(tokenizer.digest, id(tokenizer))
+
+
 class _TokenList:
     """The `gtokenizer` shape llguidance's TokenizerWrapper expects: tokens as bytes, ids of specials, encode."""
 
     def __init__(self, tokenizer):
-        dec = _byte_decoder()
         self._tok = tokenizer
-        self.tokens: list[bytes] = []
-        for i in range(tokenizer.vocab_size):
-            text = tokenizer.token_text(i)
-            if i in tokenizer.special_ids or any(ch not in dec for ch in text):
-                self.tokens.append(text.encode("utf-8"))
-            else:
-                self.tokens.append(bytes(dec[ch] for ch in text))
+        self.tokens: list[bytes] = list(token_bytes(tokenizer))
         self.special_token_ids = sorted(tokenizer.special_ids)
         self.eos_token_id = min(tokenizer.eos_ids)
         self.bos_token_id = tokenizer.bos_id
@@ -89,6 +116,7 @@ class ConstrainedResult:
     ttft_s: float = 0.0
     total_s: float = 0.0
     error: str | None = None
+    decoded: int = 0  # generated tokens the session now holds (the last one is usually not decoded)
 
     def parse(self):
         return json.loads(self.text)
@@ -116,12 +144,6 @@ def schema_grammar(schema: dict) -> str:
 
     return llguidance.LLMatcher.grammar_from_json_schema(
         closed_schema(schema), defaults={"whitespace_flexible": False, "lenient": True})
-
-
-def _allowed(matcher, vocab: int) -> np.ndarray:
-    """(vocab,) bool mask of tokens the grammar allows next."""
-    bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
-    return np.unpackbits(bits, bitorder="little")[:vocab].astype(bool)
 
 
 MAX_FRACTION_DIGITS = 6
@@ -155,58 +177,107 @@ def _cycle_token(out: list[int]) -> int | None:
     return None
 
 
-def generate_json(session: Session, prompt: Sequence[int], schema: dict, tokenizer, max_tokens: int = 160,
-                  on_token: Callable[[str], None] | None = None, logits=None) -> ConstrainedResult:
-    """Prefill `prompt` (skip when `logits` (vocab,) after it are given), then decode greedily under `schema`.
+class GrammarMask:
+    """Logits processor: forbid every token that cannot continue a document of the grammar (llguidance).
 
-    `on_token(piece)` streams the text as it grows. The session keeps every token it decoded.
+    The matcher consumes the tokens it has not seen at each call; `finished(tokens)` tells `generate_step`
+    that the grammar accepts nothing more (the token just produced closed the document). `close(tokens)`
+    consumes the final token after the stream ends, so `complete` and `error` describe the whole output.
     """
-    import llguidance
+
+    def __init__(self, tokenizer, grammar: str):
+        import llguidance
+
+        self.matcher = llguidance.LLMatcher(ll_tokenizer(tokenizer), grammar, log_level=0)
+        self.seen = 0
+        self.error: str | None = self.matcher.get_error() if self.matcher.is_error() else None
+
+    def _consume(self, tokens: list[int]) -> bool:
+        for t in tokens[self.seen:]:
+            self.seen += 1
+            if not self.matcher.consume_token(t):
+                self.error = self.error or self.matcher.get_error() or f"token {t} rejected"
+                return False
+        return True
+
+    def __call__(self, tokens: list[int], logits: np.ndarray) -> np.ndarray:
+        if not self._consume(tokens):
+            return np.full_like(logits, -np.inf)
+        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        allowed = np.unpackbits(bits, bitorder="little")[: len(logits)].astype(bool)
+        return np.where(allowed, logits, -np.inf)
+
+    def finished(self, tokens: list[int]) -> bool:
+        return self._consume(tokens) and self.matcher.is_stopped()
+
+    def close(self, tokens: list[int]) -> None:
+        self._consume(tokens)
+
+    @property
+    def complete(self) -> bool:
+        return self.error is None and (self.matcher.is_accepting() or self.matcher.is_stopped())
+
+
+class LoopGuard:
+    """Logits processor (after the grammar): break the loops and runaway numbers of greedy small-model
+    decoding. It only ever removes a token the grammar allowed when another allowed one remains, so the
+    output stays grammar-valid."""
+
+    def __init__(self, tokenizer):
+        _REFS[id(tokenizer)] = tokenizer
+        self.tokenizer = tokenizer
+        self.digits = _digit_tokens(tokenizer.digest, id(tokenizer))
+
+    def __call__(self, tokens: list[int], logits: np.ndarray) -> np.ndarray:
+        if not tokens:
+            return logits
+        allowed = np.isfinite(logits)
+        text = self.tokenizer.decode(tokens)
+        if text[-1:].isdigit() and _number_too_long(text):
+            n = min(len(logits), len(self.digits))
+            shorter = allowed.copy()
+            shorter[:n] &= ~self.digits[:n]
+            if shorter.any():
+                logits = np.where(shorter, logits, -np.inf)
+                allowed = shorter
+        loop = _cycle_token(tokens)
+        if loop is not None and allowed[loop] and allowed.sum() > 1:
+            logits = logits.copy()
+            logits[loop] = -np.inf  # break the loop with the grammar's next-best token
+        return logits
+
+
+def generate_json(session: Session, prompt: Sequence[int], schema: dict, tokenizer, max_tokens: int = 160,
+                  on_token: Callable[[str], None] | None = None, logits=None,
+                  processors: Sequence = ()) -> ConstrainedResult:
+    """Prefill `prompt` (skip when `logits` (vocab,) after it are given), then decode greedily under `schema`
+    through `generate_step`: `processors` (e.g. a `CopyBias`) first, then the grammar mask and the loop guard.
+
+    `on_token(piece)` streams the text as it grows. The session keeps the prompt and every generated token
+    except the last (`ConstrainedResult.decoded` counts those it holds).
+    """
+    from native.generate import Detokenizer, Sampler, SamplerConfig, generate_step
 
     t0 = time.perf_counter()
-    ll = ll_tokenizer(tokenizer)
-    matcher = llguidance.LLMatcher(ll, schema_grammar(schema), log_level=0)
-    if matcher.is_error():
-        return ConstrainedResult("", error=f"schema not supported by llguidance: {matcher.get_error()}")
-    if logits is None:
-        logits = session.prefill(list(prompt))
-    vocab = len(logits)
-    out: list[int] = []
+    grammar = GrammarMask(tokenizer, schema_grammar(schema))
+    if grammar.error:
+        return ConstrainedResult("", error=f"schema not supported by llguidance: {grammar.error}")
+    text = Detokenizer(tokenizer)
     ttft = None
-    shown = ""
     eos = tokenizer.eos_ids
-    _REFS[id(tokenizer)] = tokenizer
-    digits = np.zeros(vocab, dtype=bool)
-    d = _digit_tokens(tokenizer.digest, id(tokenizer))
-    digits[: min(vocab, len(d))] = d[:vocab]
-    for _ in range(max_tokens):
-        mask = _allowed(matcher, vocab)
-        if out and _number_too_long(shown_all := tokenizer.decode(out)) and shown_all[-1].isdigit():
-            shorter = mask & ~digits[: len(mask)]
-            if shorter.any():  # only narrow the grammar's own set: the output stays schema-valid
-                mask = shorter
-        loop = _cycle_token(out)
-        if loop is not None and mask[loop] and mask.sum() > 1:
-            mask[loop] = False  # break the loop with the grammar's next-best token
-        if not mask.any():
-            break
-        masked = np.where(mask, logits, -np.inf)
-        token = int(np.argmax(masked))
+    start = session.n_past + (len(prompt) if logits is None else 0)
+    stream = generate_step(session, prompt, Sampler(SamplerConfig()), max_tokens, eos,
+                           [*processors, grammar, LoopGuard(tokenizer)], logits)
+    for token, _ in stream:
         if ttft is None:
             ttft = time.perf_counter() - t0
-        if not matcher.consume_token(token):
-            return ConstrainedResult(tokenizer.decode(out), out, False, ttft, time.perf_counter() - t0,
-                                     matcher.get_error() or f"token {token} rejected")
         if token in eos:
+            grammar.close(text.tokens + [token])
             break
-        out.append(token)
-        text = tokenizer.decode(out)
-        if on_token and not text.endswith("\ufffd"):
-            on_token(text[len(shown):])
-            shown = text
-        if matcher.is_stopped():
-            break
-        logits = session.decode(token)
-    text = tokenizer.decode(out)
-    return ConstrainedResult(text, out, matcher.is_accepting() or matcher.is_stopped(), ttft or 0.0,
-                             time.perf_counter() - t0, matcher.get_error() if matcher.is_error() else None)
+        piece = text.add(token)
+        if on_token and piece:
+            on_token(piece)
+    else:
+        grammar.close(text.tokens)
+    return ConstrainedResult(text.final(), text.tokens, grammar.complete, ttft or 0.0, time.perf_counter() - t0,
+                             grammar.error, session.n_past - start)

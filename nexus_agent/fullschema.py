@@ -41,9 +41,13 @@ def schema_prefix(tokenizer, tool) -> tuple[list[int], list[int]]:
     return preamble_tokens(tokenizer), segment_tokens(tokenizer, tool)
 
 
-def user_tokens(tokenizer, request: str, problem: str | None = None) -> list[int]:
-    """The user turn after the schema segment (the rejected attempt's problem appended, when any)."""
-    text = request if not problem else f"{request}\n(Previous arguments were rejected: {problem})"
+def user_tokens(tokenizer, request: str, problem: str | None = None, results: list[str] | None = None) -> list[int]:
+    """The user turn after the schema segment: the step, the turn's earlier results, and the rejected
+    attempt's problem, when any."""
+    from nexus_agent.prompts import _with_results
+
+    text = _with_results(request, results)
+    text = text if not problem else f"{text}\n(Previous arguments were rejected: {problem})"
     try:
         from splice.prompt import user_turn_tokens
     except ImportError:

@@ -4,10 +4,11 @@ tool, and answer from the observations.
 One turn:
 1. The request is split into steps at explicit sequencing words ("then", ";") — at most `max_steps`.
 2. Each step is routed by the SLB. "none" means no tool: nothing is called for that step.
-3. For a tool: a compact prompt with its compressed signature; arguments decoded under its JSON Schema by
-   llguidance; `jsonschema` validation. When validation fails, or the schema is too complex for a signature
-   (`fullschema.needs_full_schema`), the full schema enters the context (spliced block or text prefill) and
-   the arguments are decoded again. Arguments that still fail become an `invalid_arguments` observation.
+3. For a tool: a compact prompt with its compressed signature (and the turn's earlier results); arguments
+   decoded under its JSON Schema by llguidance, with a bias toward values copied from the step or an
+   earlier result (`copying.CopyBias`); `jsonschema` validation. When validation fails, or the schema is too
+   complex for a signature (`fullschema.needs_full_schema`), the full schema enters the context (spliced
+   block or text prefill) and the arguments are decoded again. Arguments that still fail become an `invalid_arguments` observation.
 4. The call goes to the tool's MCP server (`ServerPool`); every outcome is an observation in the trace.
 5. The model answers the request, streamed, with the observations in its prompt.
 """
@@ -19,13 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from native.generate import Sampler, SamplerConfig
+from native.generate import stream_generate
 from nexus_agent.constrained import generate_json
+from nexus_agent.copying import DEFAULT_BIAS, CopyBias, Source, value_sources
 from nexus_agent.fullschema import insert_schema, needs_full_schema, user_tokens
 from nexus_agent.memory import LiveContext, MemoryConfig, certify_answer
 from nexus_agent.prompts import answer_messages, argument_messages, observation_text
 from nexus_agent.servers import Observation, ServerPool
-from nexus_agent.text_path import is_text_only, text_answer, text_arguments
+from nexus_agent.text_path import TextArguments, is_text_only, text_answer
 from nexus_agent.trace import Trace
 from registry.signature import compress
 
@@ -36,7 +38,8 @@ _STEP_SPLIT = re.compile(r"\s*(?:;\s*(?:and\s+)?(?:then\s+)?|,?\s+and then\s+"
 @dataclass
 class AgentConfig:
     """max_steps: tool calls per turn; max_arg_tokens / max_answer_tokens: generation limits; history_turns:
-    earlier turns kept in the answer prompt; n_ctx: the live context size in tokens."""
+    earlier turns kept in the answer prompt; n_ctx: the live context size in tokens; copy_bias: the logit bias
+    toward copied argument values (`nexus_agent.copying`)."""
 
     max_steps: int = 4
     max_arg_tokens: int = 160
@@ -44,6 +47,7 @@ class AgentConfig:
     history_turns: int = 4
     n_ctx: int = 8192
     answer: bool = True
+    copy_bias: float = DEFAULT_BIAS  # 0 turns copy-aware decoding off (schema-constrained decoding only)
 
     def __post_init__(self):
         if self.max_steps < 1:
@@ -55,13 +59,15 @@ class AgentConfig:
 @dataclass
 class ToolCall:
     """One step's call: the tool, its arguments (None when none were valid), how they were produced
-    (signature | full_schema), and the observation."""
+    (signature | full_schema), the observation, and where each argument value came from
+    (`copying.value_sources`: request | observation | enum | default | generated)."""
 
     tool: str
     arguments: dict | None
     source: str
     observation: Observation
     ttfat_ms: float = 0.0
+    value_sources: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -118,6 +124,7 @@ class Agent:
         self.on_text = on_text or (lambda kind, piece: None)
         self.on_confirmed = on_confirmed
         self.text_only = is_text_only(backend)  # an HTTP server: text prompts, no live KV context (text_path)
+        self._text = TextArguments(self) if self.text_only else None
         self.live = None if self.text_only else LiveContext(backend, memory, self.config.n_ctx, self.trace)
         self.history: list[dict] = []
 
@@ -136,7 +143,7 @@ class Agent:
             self.trace.emit("route", **route)
             if d.tool is None or d.tool not in self.tools:
                 continue
-            call = self.call_step(self.tools[d.tool], step)
+            call = self.call_step(self.tools[d.tool], step, observations)
             result.calls.append(call)
             if self.on_confirmed is not None and call.arguments is not None and call.observation.ok:
                 self.on_confirmed(step, call.tool)
@@ -147,61 +154,68 @@ class Agent:
         self.history += [{"role": "user", "content": request}, {"role": "assistant", "content": result.answer}]
         return result
 
-    def call_step(self, tool, step: str) -> ToolCall:
-        """Arguments for `tool` from `step` (signature first, full schema when needed), then the MCP call."""
-        args, problem, source, ttfat = (text_arguments(self, tool, step) if self.text_only
-                                        else self._local_arguments(tool, step))
+    def call_step(self, tool, step: str, results: list[str] | None = None) -> ToolCall:
+        """Arguments for `tool` from `step` and the turn's earlier `results` (signature first, full schema when
+        needed; values may be copied from both), then the MCP call."""
+        results = list(results or [])
+        sources = [Source("request", step)] + [Source("observation", r) for r in results]
+        args, problem, source, ttfat = self.arguments(tool, step, results, sources)
         if args is None:
             obs = Observation(tool.name, "invalid_arguments",
                               f"the model did not produce valid arguments for {tool.name}: {problem}")
         else:
             obs = self.pool.call(tool.name, args)
-        self.trace.emit("tool_call", arguments=args, source=source, **obs.as_dict())
-        return ToolCall(tool.name, args, source, obs, ttfat)
+        provenance = value_sources(args, sources, tool.input_schema or {})
+        self.trace.emit("tool_call", arguments=args, source=source, value_sources=provenance, **obs.as_dict())
+        return ToolCall(tool.name, args, source, obs, ttfat, provenance)
 
-    def _local_arguments(self, tool, step: str) -> tuple[dict | None, str | None, str, float]:
-        """(arguments, problem, source, ttfat_ms) decoded on the live KV context under the tool's schema."""
+    def arguments(self, tool, step: str, results: list[str], sources: list[Source]):
+        """(arguments or None, the problem, "signature" | "full_schema", ms to the first argument token).
+
+        The compressed signature first; the full schema (a spliced block, or text) when the signature is not
+        enough for this tool (`needs_full_schema`) or its arguments failed validation. The decoding itself is
+        the backend's: `_decode_local` on the live KV context, `TextArguments` on a text-only server.
+        """
         schema = tool.input_schema or {"type": "object"}
+        decode = self._text.decode if self.text_only else self._decode_local
         reason = needs_full_schema(tool)
         args, problem, source, ttfat = None, reason, "signature", 0.0
         if reason is None:
             sig = compress(tool)
-            ids = self.backend.tokenizer.encode_chat(argument_messages(sig, step))
-            res = self._decode_args(ids, schema)
-            ttfat = res.ttft_s * 1e3
-            args, problem = validate(res.text, schema) if not res.error else (None, res.error)
-            self.trace.emit("args", tool=tool.name, source="signature", signature=sig, text=res.text,
-                            prompt_tokens=len(ids), ttfat_ms=round(ttfat, 2), valid=args is not None,
-                            problem=problem)
+            text, ms, n_prompt, error = decode(tool, step, results, sources, None)
+            ttfat = ms
+            args, problem = validate(text, schema) if not error else (None, error)
+            self.trace.emit("args", tool=tool.name, source="signature", signature=sig, text=text,
+                            prompt_tokens=n_prompt, ttfat_ms=round(ms, 2), valid=args is not None, problem=problem)
         if args is None:
             source = "full_schema"
-            args, problem, t = self._full_schema_args(tool, step, problem)
-            ttfat = ttfat or t
+            text, ms, n_prompt, error = decode(tool, step, results, sources, problem or "")
+            args, problem = validate(text, schema) if not error else (None, error)
+            self.trace.emit("args", tool=tool.name, source="full_schema", text=text, prompt_tokens=n_prompt,
+                            ttfat_ms=round(ms, 2), valid=args is not None, problem=problem)
+            ttfat = ttfat or ms
         return args, problem, source, ttfat
 
-    def _decode_args(self, ids: list[int], schema: dict):
-        """Prefill (reusing the cached prefix) and decode under `schema`; ttft_s counts the prefill too."""
+    def _decode_local(self, tool, step: str, results: list[str], sources: list[Source], problem: str | None):
+        """(text, ms to the first token, prompt tokens, error) of one constrained decode on the live context:
+        the signature prompt when `problem` is None, else the full-schema segment (spliced or prefilled)."""
+        schema = tool.input_schema or {"type": "object"}
+        tok = self.backend.tokenizer
         t0 = time.perf_counter()
+        if problem is None:
+            ids = tok.encode_chat(argument_messages(compress(tool), step, results))
+        else:
+            prefix, info = insert_schema(self.live, tool)
+            ids = prefix + user_tokens(tok, step, problem or None, results)
+            self.trace.emit("full_schema", tool=tool.name, why=problem, prompt_tokens=len(ids), **info)
         logits = self.live.prefill(ids)
         prefill_s = time.perf_counter() - t0
-        res = generate_json(self.live.session, ids, schema, self.backend.tokenizer, self.config.max_arg_tokens,
-                            on_token=lambda p: self.on_text("args", p), logits=logits)
-        for t in res.tokens[:-1] if res.tokens else []:
+        copy = [CopyBias(tok, sources, schema, self.config.copy_bias)] if self.config.copy_bias else []
+        res = generate_json(self.live.session, ids, schema, tok, self.config.max_arg_tokens,
+                            on_token=lambda p: self.on_text("args", p), logits=logits, processors=copy)
+        for t in res.tokens[: res.decoded]:
             self.live.decoded(t)
-        res.ttft_s += prefill_s
-        return res
-
-    def _full_schema_args(self, tool, step: str, problem: str | None):
-        """The full-schema retry: splice the block when one is available, else prefill the segment as text."""
-        schema = tool.input_schema or {"type": "object"}
-        prefix, info = insert_schema(self.live, tool)
-        ids = prefix + user_tokens(self.backend.tokenizer, step, problem)
-        self.trace.emit("full_schema", tool=tool.name, why=problem, prompt_tokens=len(ids), **info)
-        res = self._decode_args(ids, schema)
-        args, problem2 = validate(res.text, schema) if not res.error else (None, res.error)
-        self.trace.emit("args", tool=tool.name, source="full_schema", text=res.text, prompt_tokens=len(ids),
-                        ttfat_ms=round(res.ttft_s * 1e3, 2), valid=args is not None, problem=problem2)
-        return args, problem2, res.ttft_s * 1e3
+        return res.text, (res.ttft_s + prefill_s) * 1e3, len(ids), res.error
 
     # -- answer -------------------------------------------------------------------------------------------
     def answer(self, request: str, observations: list[str]) -> str:
@@ -218,20 +232,16 @@ class Agent:
         t0 = time.perf_counter()
         logits = self.live.prefill(ids)
         self.live.begin_answer()
-        sampler = Sampler(SamplerConfig())
         out: list[int] = []
-        shown = ""
-        for _ in range(self.config.max_answer_tokens):
-            token = sampler(logits)
-            if token in tok.eos_ids:
+        for r in stream_generate(self.backend, ids, self.config.max_answer_tokens, session=self.live.session,
+                                 logits=logits):
+            if r.finish_reason == "stop":
                 break
-            out.append(token)
-            text = tok.decode(out)
-            if not text.endswith("\ufffd"):
-                self.on_text("answer", text[len(shown):])
-                shown = text
-            self.live.decoded(token)
-            logits = self.live.session.decode(token)
+            out.append(r.token)
+            if r.finish_reason is None:  # the session decoded this token (a length-capped last one it did not)
+                self.live.decoded(r.token)
+            if r.text:
+                self.on_text("answer", r.text)
         answer = tok.decode(out).strip()
         cert = certify_answer(self.live)
         if cert and cert["red_flag"] and not cert["recalled"]:

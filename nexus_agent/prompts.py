@@ -22,19 +22,28 @@ def render_schema(tool) -> str:
     return f"Tool {tool.name}: {tool.description.strip()}\nInput JSON Schema: {schema}"
 
 
-def argument_messages(signature: str, request: str, history: list[dict] | None = None) -> list[dict]:
+def _with_results(request: str, results: list[str] | None) -> str:
+    """The user turn of an argument prompt: the step, then the earlier calls of this turn and their results
+    (a later step's arguments often come from them: "... then multiply the result by 3")."""
+    if not results:
+        return request
+    return request + "\n\nEarlier results in this request:\n" + "\n".join(results)
+
+
+def argument_messages(signature: str, request: str, results: list[str] | None = None) -> list[dict]:
     """Messages asking for one call's arguments from the compressed signature."""
     system = (f"{SIGNATURE_KEY}\nCall this tool: {signature}\n"
               "Reply with only the JSON object of its arguments, taking values from the request.")
-    return [{"role": "system", "content": system}, *(history or []), {"role": "user", "content": request}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": _with_results(request, results)}]
 
 
-def full_schema_messages(schema_text: str, request: str, problem: str | None = None) -> list[dict]:
+def full_schema_messages(schema_text: str, request: str, problem: str | None = None,
+                         results: list[str] | None = None) -> list[dict]:
     """Messages asking for the arguments with the tool's full schema in context (after a failed attempt)."""
     system = f"{schema_text}\nReply with only the JSON object of the arguments, taking values from the request."
     if problem:
         system += f"\nA previous attempt was rejected: {problem}"
-    return [{"role": "system", "content": system}, {"role": "user", "content": request}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": _with_results(request, results)}]
 
 
 def observation_text(tool: str, arguments: dict, status: str, text: str, limit: int = 600) -> str:

@@ -13,7 +13,6 @@ import time
 
 from native.generate import SamplerConfig
 from nexus_agent.constrained import closed_schema
-from nexus_agent.fullschema import needs_full_schema
 from nexus_agent.prompts import answer_messages, argument_messages, full_schema_messages, render_schema
 from registry.signature import compress
 
@@ -36,33 +35,27 @@ def _stream(agent, messages: list[dict], max_tokens: int, kind: str, schema: dic
     return text, (ttft if ttft is not None else time.perf_counter() - t0), prompt_tokens, n
 
 
-def text_arguments(agent, tool, step: str) -> tuple[dict | None, str | None, str, float]:
-    """(arguments or None, the problem, source "signature" | "full_schema", ms to the first argument piece)."""
-    from nexus_agent.loop import validate
+class TextArguments:
+    """Argument decoding on a text-only server, for `Agent.arguments` (which runs the signature-then-full-schema
+    flow for both kinds of backend). The server constrains its reply with the tool's closed schema through
+    `response_format`; values cannot be copy-biased here (no logits), `jsonschema` validates every reply."""
 
-    schema = tool.input_schema or {"type": "object"}
-    constrained = closed_schema(schema)
-    reason = needs_full_schema(tool)
-    args, problem, source, ttfat = None, reason, "signature", 0.0
-    if reason is None:
-        sig = compress(tool)
-        text, ttft, n_prompt, _ = _stream(agent, argument_messages(sig, step), agent.config.max_arg_tokens,
-                                          "args", constrained)
-        ttfat = ttft * 1e3
-        args, problem = validate(text, schema)
-        agent.trace.emit("args", tool=tool.name, source="signature", signature=sig, text=text,
-                         prompt_tokens=n_prompt, ttfat_ms=round(ttfat, 2), valid=args is not None, problem=problem)
-    if args is None:
-        source = "full_schema"
-        agent.trace.emit("full_schema", tool=tool.name, why=problem, how="text_prefill",
-                         fallback="text-only backend: the server holds no splice blocks")
-        text, ttft, n_prompt, _ = _stream(agent, full_schema_messages(render_schema(tool), step, problem),
-                                          agent.config.max_arg_tokens, "args", constrained)
-        args, problem = validate(text, schema)
-        agent.trace.emit("args", tool=tool.name, source="full_schema", text=text, prompt_tokens=n_prompt,
-                         ttfat_ms=round(ttft * 1e3, 2), valid=args is not None, problem=problem)
-        ttfat = ttfat or ttft * 1e3
-    return args, problem, source, ttfat
+    def __init__(self, agent):
+        self.agent = agent
+
+    def decode(self, tool, step: str, results: list[str], sources, problem: str | None):
+        """(text, ms to the first piece, prompt tokens, error): the signature prompt when `problem` is None,
+        else the full schema as text."""
+        agent = self.agent
+        if problem is None:
+            messages = argument_messages(compress(tool), step, results)
+        else:
+            agent.trace.emit("full_schema", tool=tool.name, why=problem, how="text_prefill",
+                             fallback="text-only backend: the server holds no splice blocks")
+            messages = full_schema_messages(render_schema(tool), step, problem or None, results)
+        schema = closed_schema(tool.input_schema or {"type": "object"})
+        text, ttft, n_prompt, _ = _stream(agent, messages, agent.config.max_arg_tokens, "args", schema)
+        return text, ttft * 1e3, n_prompt, None
 
 
 def text_answer(agent, request: str, observations: list[str]) -> str:

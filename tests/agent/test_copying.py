@@ -1,0 +1,139 @@
+"""Copy-aware argument decoding (nexus_agent.copying) on the real packaged model, one test per copy source,
+and a property test that no copied value ever breaks the schema."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nexus_agent.constrained import generate_json
+from nexus_agent.copying import CopyBias, JsonCursor, Source, numbers_in, value_sources
+from nexus_agent.prompts import argument_messages
+
+
+def test_cursor_follows_paths_and_values():
+    c = JsonCursor()
+    seen = []
+    for ch in '{"a": 12, "note": {"title": "x\\"y", "tags": ["p", 3]}}':
+        seen.append((c.path(), c.value_prefix()))
+        c.feed(ch.encode())
+    assert ((), b"") in seen  # the root value may start
+    assert (("a",), b"1") in seen
+    assert (("note", "title"), b'"x\\"') in seen  # an escaped quote does not end the string
+    assert (("note", "tags", "[]"), b'"p') in seen
+    assert (("note", "tags", "[]"), b"3") in seen
+    assert not any(p and (b"title" in p or b"tags" in p) for _, p in seen)  # keys are never values
+    assert c.value_prefix() is None and c.root_done
+
+
+def test_numbers_in_text():
+    assert numbers_in("Add 1,250 and -3.5 to 7, not v2 or 1.2.3") == [b"1250", b"-3.5", b"7"]
+
+
+def test_value_sources_names_each_origin():
+    schema = {"type": "object", "properties": {"unit": {"enum": ["km", "mi"]}, "n": {"type": "integer", "default": 1},
+                                               "x": {"type": "number"}, "s": {"type": "string"}}}
+    src = [Source("request", "convert 12 in notes.md"), Source("observation", 'returned {"result": 42.0}')]
+    got = value_sources({"unit": "km", "n": 1, "x": 42, "s": "notes.md"}, src, schema)
+    assert got == {"unit": "enum", "n": "default", "x": "observation", "s": "request"}
+    assert value_sources({"s": "invented"}, src, schema) == {"s": "generated"}
+
+
+def _decode(backend, schema, request, sources=None, bias=4.0, results=None, sig="t(x)"):
+    tok = backend.tokenizer
+    ids = tok.encode_chat(argument_messages(sig, request, results))
+    sources = sources if sources is not None else [Source("request", request)]
+    s = backend.new_session(2048)
+    try:
+        procs = [CopyBias(tok, sources, schema, bias)] if bias else []
+        r = generate_json(s, ids, schema, tok, 96, processors=procs)
+    finally:
+        s.close()
+    assert r.error is None and r.complete, r
+    value = json.loads(r.text)
+    jsonschema.validate(value, schema)
+    return value
+
+
+NUMBERS = {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}
+PATH_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+
+
+@pytest.mark.parametrize("path", ["data.csv", "notes/plan.md", "/tmp/x-7/repo_a"])
+def test_copies_a_request_span(llamacpp_backend, path):
+    value = _decode(llamacpp_backend, PATH_SCHEMA, f"Read the file {path}", sig="read_file(path: str) — read a file")
+    assert value == {"path": path}
+
+
+def test_copies_numbers_from_the_request(llamacpp_backend):
+    schema = NUMBERS
+    value = _decode(llamacpp_backend, schema, "Multiply 993 by 490", sig="multiply(a: num, b: num) — multiply")
+    assert value == {"a": 993, "b": 490}
+
+
+def test_copies_an_earlier_result(llamacpp_backend):
+    schema = NUMBERS
+    obs = 'Tool add({"a":12,"b":30}) returned: {"result": 42.0}'
+    step = "multiply the result by 3"
+    value = _decode(llamacpp_backend, schema, step, [Source("request", step), Source("observation", obs)],
+                    results=[obs], sig="multiply(a: num, b: num) — multiply two numbers")
+    assert sorted(value.values()) == [3, 42]
+    assert set(value_sources(value, [Source("request", step), Source("observation", obs)], schema).values()) == {
+        "request", "observation"}
+
+
+def test_picks_the_enum_value_the_request_names(llamacpp_backend):
+    schema = {"type": "object", "properties": {"city": {"type": "string"},
+                                               "unit": {"type": "string", "enum": ["celsius", "fahrenheit", "kelvin"]}},
+              "required": ["city", "unit"]}
+    value = _decode(llamacpp_backend, schema, "What is the temperature in Oslo in Kelvin?",
+                    sig='weather(city: str, unit: "celsius"|"fahrenheit"|"kelvin") — current temperature')
+    assert value == {"city": "Oslo", "unit": "kelvin"}
+
+
+def test_bias_off_is_plain_constrained_decoding(llamacpp_backend):
+    """Bias 0 adds no processor: the output equals a decode without CopyBias at all."""
+    tok = llamacpp_backend.tokenizer
+    ids = tok.encode_chat(argument_messages("read_file(path: str)", "Read the file data.csv"))
+    outs = []
+    for procs in ([], [CopyBias(tok, [Source("request", "Read the file data.csv")], PATH_SCHEMA, 0.0)]):
+        s = llamacpp_backend.new_session(1024)
+        try:
+            outs.append(generate_json(s, ids, PATH_SCHEMA, tok, 64, processors=procs).text)
+        finally:
+            s.close()
+    assert outs[0] == outs[1]
+
+
+@st.composite
+def _case(draw):
+    """A schema with bounds, an enum and a length limit, and a request whose numbers and words break them on
+    purpose (out of range, too long, not an enum value, a near-miss in case)."""
+    lo = draw(st.integers(0, 50))
+    hi = draw(st.integers(lo + 1, 100))
+    enum = draw(st.lists(st.sampled_from(["red", "green", "blue", "amber", "violet"]), min_size=2, max_size=3,
+                         unique=True))
+    schema = {"type": "object", "additionalProperties": False, "required": ["n", "color", "code"],
+              "properties": {"n": {"type": "integer", "minimum": lo, "maximum": hi},
+                             "color": {"type": "string", "enum": enum},
+                             "code": {"type": "string", "maxLength": draw(st.integers(2, 5))},
+                             "x": {"type": "number", "exclusiveMaximum": 1}}}
+    n = draw(st.one_of(st.integers(hi + 1, 999), st.integers(-40, lo - 1) if lo else st.just(-3),
+                       st.integers(lo, hi)))
+    word = draw(st.sampled_from(["crimson", "teal", enum[0].upper(), enum[-1]]))
+    code = draw(st.text("ABCDEFGH", min_size=1, max_size=9))
+    x = draw(st.sampled_from([0.5, 3, 17.25]))
+    return schema, f"Set n to {n}, the colour to {word}, code {code} and x to {x}"
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=_case())
+def test_copied_values_never_break_the_schema(llamacpp_backend, case):
+    """Property: whatever the request offers for copying, even with a strong bias, the output is valid under
+    the schema (`_decode` validates it with jsonschema)."""
+    schema, request = case
+    _decode(llamacpp_backend, schema, request, bias=8.0, sig="configure(n: int, color: str, code: str, x?: num)")

@@ -251,7 +251,7 @@ def generate_json(session: Session, prompt: Sequence[int], schema: dict, tokeniz
                   on_token: Callable[[str], None] | None = None, logits=None,
                   processors: Sequence = ()) -> ConstrainedResult:
     """Prefill `prompt` (skip when `logits` (vocab,) after it are given), then decode greedily under `schema`
-    through `generate_step`: `processors` (e.g. a `CopyBias`) first, then the grammar mask and the loop guard.
+    through `generate_step`: the grammar mask, then `processors` (e.g. a `CopyBias`), then the loop guard.
 
     `on_token(piece)` streams the text as it grows. The session keeps the prompt and every generated token
     except the last (`ConstrainedResult.decoded` counts those it holds).
@@ -267,7 +267,7 @@ def generate_json(session: Session, prompt: Sequence[int], schema: dict, tokeniz
     eos = tokenizer.eos_ids
     start = session.n_past + (len(prompt) if logits is None else 0)
     stream = generate_step(session, prompt, Sampler(SamplerConfig()), max_tokens, eos,
-                           [*processors, grammar, LoopGuard(tokenizer)], logits)
+                           [grammar, *processors, LoopGuard(tokenizer)], logits)
     for token, _ in stream:
         if ttft is None:
             ttft = time.perf_counter() - t0

@@ -31,6 +31,8 @@ from nexus_agent.constrained import _REFS, token_bytes
 
 DEFAULT_BIAS = 4.0  # logits; chosen on the agent suite and BFCL by `nexus eval arguments --bias` (README)
 MAX_TOKEN_BYTES = 24
+USED_PENALTY = 2.0
+ORDER_PENALTY = 1.0
 _NUMBER = re.compile(rb"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\w|\.\d)")
 _STRING_CLOSERS = set(b'",}] \n')
 _NUMBER_CLOSERS = set(b",}] \n")
@@ -55,25 +57,24 @@ def _is_word(c: int) -> bool:
     return chr(c).isalnum() or c >= 128  # a UTF-8 byte of a non-ASCII character counts as a letter
 
 
+_OPENERS = b"'\"([{<`"
+
+
 def _word_starts(b: bytes) -> list[int]:
-    """Positions where a copied string may start: the start of each space-separated word, and its first
-    letter or digit when punctuation leads (`(490`, `'buy`). Not inside a word: a path is copied whole
-    (`/tmp/x/repo`, never `x/repo`), though it may end early."""
+    """Positions where a copied string may start: the start of each space-separated word, and the byte after
+    its opening quotes or brackets (`(490`, `'buy`, `\\"x`). Never inside a word: a path is copied whole
+    (`/tmp/x/repo`, not `tmp/x/repo` or `x/repo`), though it may end early."""
     out = []
     for i, c in enumerate(b):
         if c in b" \t\n":
             continue
-        if i == 0 or b[i - 1] in b" \t\n":
-            out.append(i)
-        elif _is_word(c) and not any(_is_word(x) for x in b[_word_start(b, i): i]):
-            out.append(i)
+        j = i
+        while j > 0 and (b[j - 1] in _OPENERS or b[j - 1] == 0x5C):  # escaped quotes count as openers
+            j -= 1
+        if j == 0 or b[j - 1] in b" \t\n":
+            if i == j or c not in _OPENERS + b"\\":
+                out.append(i)
     return out
-
-
-def _word_start(b: bytes, i: int) -> int:
-    while i > 0 and b[i - 1] not in b" \t\n":
-        i -= 1
-    return i
 
 
 def _word_end(b: bytes, i: int) -> bool:
@@ -123,6 +124,7 @@ class JsonCursor:
         self.escape = False
         self.scalar = False
         self.buf = bytearray()
+        self.values = 0  # values begun so far: tells one value from the next
 
     def _expecting_value(self) -> bool:
         return self.stack[-1][2] == "value" if self.stack else not self.root_done
@@ -177,9 +179,11 @@ class JsonCursor:
             elif c == 0x22:
                 self.in_string = True
                 self.string_is_key = bool(self.stack) and self.stack[-1][0] == "{" and self.stack[-1][2] == "key"
+                self.values += not self.string_is_key
                 self.buf = bytearray()
             else:
                 self.scalar = True
+                self.values += 1
                 self.buf = bytearray([c])
 
     def value_prefix(self) -> bytes | None:
@@ -225,28 +229,103 @@ def _types(s: dict) -> set[str]:
 
 
 class CopyBias:
-    """Logits processor: add `bias` to tokens that continue copying a value from `sources` (module docstring).
+    """Logits processor: tilt decoding toward values copied from `sources` (module docstring).
 
-    One instance serves one generation (it follows that generation's JSON).
+    Without a `session` it adds `bias` to every token that continues a copy. With the generation's `session`
+    it also ranks: where a value starts and a copy token would win under the bias, the candidate copies
+    (the `rank_starts` likeliest starts, or every number written in a source) are scored by the model's own
+    log-likelihood of the whole value, closing quote or delimiter included (one `forward_logits` pass over
+    each candidate, then removed from the session), and the best one is forced token by token. A small model
+    picks the right start far more often over the whole value than over its first token (`file` vs
+    `/tmp/repo` after "the file"). Place it after the grammar mask: a forced token the grammar forbids is
+    simply not taken, and the copy is dropped.
     """
 
-    def __init__(self, tokenizer, sources: list[Source], schema: dict, bias: float = DEFAULT_BIAS):
+    def __init__(self, tokenizer, sources: list[Source], schema: dict, bias: float = DEFAULT_BIAS,
+                 session=None, rank_starts: int = 4, max_copy_tokens: int = 16):
         _REFS[id(tokenizer)] = tokenizer
+        self.tokenizer = tokenizer
         self.tb = token_bytes(tokenizer)
         self.index, self.close_str, self.close_num = _bytes_index_cached(tokenizer.digest, id(tokenizer))
         self.schema, self.bias = schema or {}, bias
+        self.session, self.rank_starts, self.max_copy_tokens = session, rank_starts, max_copy_tokens
         self.cursor = JsonCursor()
         self.seen = 0
         self.texts = [(_escaped(s.text), s.kind) for s in sources if s.text]
         self.starts = [_word_starts(b) for b, _ in self.texts]
         self.numbers = [n for s in sources for n in numbers_in(s.text)]
         self.request = " ".join(s.text for s in sources if s.kind == "request").lower()
-        self.boosted = 0  # steps at which some token was boosted (for the trace)
+        self.plan: list[int] = []  # tokens still to force for the chosen copy
+        self.used: list[tuple[int, int, int]] = []  # (source, start, end) of every copy ranked so far
+        self.forced: int | None = None  # the token forced last
+        self.close_after_plan = False
+        self.decided = 0  # cursor.values of the last value ranked (or left to the model)
+        self.boosted = 0  # steps at which some token was boosted
+        self.ranked: list[dict] = []  # one entry per ranked value: the candidates and the pick (for the trace)
 
     def _enum_copies(self, sub: dict) -> list[bytes]:
         """Enum strings the request names (case-insensitive, as a word): copies for an enum parameter."""
         vals = [v for v in sub.get("enum") or [] if isinstance(v, str) and v]
         return [_escaped(v) for v in vals if re.search(rf"(?<!\w){re.escape(v.lower())}(?!\w)", self.request)]
+
+    def _string_copies(self, content: bytes) -> list[tuple[bytes, tuple[int, int]]]:
+        """(remainder, (source, start)) of the source spans that begin with `content` (the string value so
+        far), in source order. A span stops before a quote that it did not open: a quoted value is copied
+        whole or not at all, and an unquoted span does not run into one (`apples with the body 'buy…`)."""
+        out, seen = [], set()
+        for k, ((text, _), starts) in enumerate(zip(self.texts, self.starts)):
+            for p in starts:
+                end = p + len(content)
+                if text[p:end] != content:
+                    continue
+                stop = next((i for i in range(max(end, p + 1), len(text)) if text[i] in b"'`\""), len(text))
+                if stop > 0 and text[stop - 1] == 0x5C:  # an escaped quote: stop before its backslash
+                    stop -= 1
+                rest = text[end:stop]
+                if rest and rest not in seen:
+                    seen.add(rest)
+                    out.append((rest, (k, p)))
+        return out
+
+    def _enum_spans(self, content: bytes, sub: dict) -> list[tuple[bytes, tuple[int, int]]]:
+        """(remainder, (source, position)) of the enum values a request source names (case-insensitive)."""
+        out = []
+        for k, (text, kind) in enumerate(self.texts):
+            if kind != "request":
+                continue
+            low = text.lower()
+            for v in sub.get("enum") or []:
+                if not isinstance(v, str) or not v:
+                    continue
+                b = _escaped(v)
+                for m in re.finditer(rb"(?<!\w)" + re.escape(b.lower()) + rb"(?!\w)", low):
+                    if b.startswith(content) and b != content:
+                        out.append((b[len(content):], (k, m.start())))
+        return out
+
+    def _number_copies(self, prefix: bytes, types: set[str]) -> list[tuple[bytes, tuple[int, int]]]:
+        """(remainder, (source, position)) of the numbers written in the sources that begin with `prefix`."""
+        out = []
+        for k, (text, _) in enumerate(self.texts):
+            for m in _NUMBER.finditer(text):
+                lit = m.group(0).replace(b",", b"")
+                if ("number" in types or b"." not in lit) and lit.startswith(prefix) and lit != prefix:
+                    out.append((lit[len(prefix):], (k, m.start())))
+        return out
+
+    def _prior(self, where: tuple[int, int, int], number: bool, numbers: list[tuple[int, int]]) -> float:
+        """A copy's prior, beside the model's score: a value copied already is less likely again (-USED_PENALTY),
+        and numbers fill parameters in the order the request writes them (-ORDER_PENALTY per number skipped
+        after the last one copied)."""
+        k, start, end = where
+        mine = [u for u in self.used if u[0] == k]
+        prior = -USED_PENALTY if any(s < end and start < e for _, s, e in mine) else 0.0
+        if number:
+            last = max((s for _, s, _ in mine), default=-1)
+            skipped = {p for kk, p in numbers if kk == k and last < p < start and
+                       not any(s <= p < e for _, s, e in mine)}
+            prior -= ORDER_PENALTY * len(skipped)
+        return prior
 
     def candidates(self, prefix: bytes, sub: dict) -> tuple[set[int], bool]:
         """(token ids that continue a copy of the value `prefix`, whether closing the value now ends one)."""
@@ -274,24 +353,134 @@ class CopyBias:
                         extend(text[end:] if prefix else b'"' + text[p:])
                         closes |= bool(content) and _word_end(text, end)
         if types & {"number", "integer"} and prefix[:1] != b'"':
-            for lit in self.numbers:
-                if "number" not in types and b"." in lit:
-                    continue
+            for lit in self._numbers(types):
                 if lit.startswith(prefix):
                     rest = lit[len(prefix):]
                     extend(rest)
                     closes |= bool(prefix) and not rest
         return ids, closes
 
+    def _numbers(self, types: set[str]) -> list[bytes]:
+        return [n for n in self.numbers if "number" in types or b"." not in n]
+
+    # -- ranking (with a session) ---------------------------------------------------------------------------
+    def _score(self, logits: np.ndarray, remainders: list[tuple[bytes, tuple]], string: bool, word_ends: bool):
+        """[(score, tokens, where)] of the best copy of each remainder: the model's mean log-likelihood per
+        token of writing it and then closing the value, over the places the copy may end (word ends when
+        `word_ends`, else only the whole remainder).
+
+        The mean, not the sum: a sum favours any short span over the right long one (a path's inner tokens
+        each cost something), and scoring only the start and the stop lets a common first word win
+        ("file" before "/tmp/repo"). Measured on the agent suite's templates (README, "Arguments").
+        """
+        closers = self.close_str if string else self.close_num
+        n0 = self.session.n_past
+        first = _log_softmax(logits)
+        out = []
+        for rest, where in remainders:
+            toks = self.tokenizer.encode(rest.decode("utf-8", "ignore"))[: self.max_copy_tokens]
+            if not toks:
+                continue
+            logits_after = self.session.forward_logits(toks)
+            self.session.remove(n0, self.session.n_past)
+            total, best, written = 0.0, None, b""
+            for i, t in enumerate(toks):
+                total += float(first[t] if i == 0 else _log_softmax(logits_after[i - 1])[t])
+                written += self.tb[t]
+                if not rest.startswith(written):
+                    break
+                whole = len(written) == len(rest)
+                if (word_ends and _word_end(rest, len(written))) or whole:
+                    lp = _log_softmax(logits_after[i])
+                    close = float(np.logaddexp.reduce(lp[: len(closers)][closers[: len(lp)]]))
+                    mean = (total + close) / (i + 2)
+                    if best is None or mean > best[0]:
+                        best = (mean, toks[: i + 1])
+                if whole:
+                    break
+            if best is not None:
+                out.append((*best, where))
+        return out
+
+    def _rank(self, logits: np.ndarray, prefix: bytes, sub: dict, ids: set[int]) -> None:
+        """Decide the value that starts at `prefix`: leave it to the model when its best token is not a copy
+        under the bias, else plan the likeliest whole copy."""
+        if not ids:
+            return
+        boosted = np.zeros(len(logits), dtype=bool)
+        boosted[[i for i in ids if i < len(logits)]] = True
+        best_copy = float(np.max(np.where(boosted, logits, -np.inf))) + self.bias
+        best_free = float(np.max(np.where(boosted, -np.inf, logits)))
+        if best_copy < best_free:
+            return
+        string = prefix[:1] == b'"'
+        ordered = not string or "enum" in sub  # numbers and enum values: the request's order is a prior
+        if string and "enum" in sub:
+            cands = self._enum_spans(prefix[1:], sub)
+        elif string:
+            cands = self._string_copies(prefix[1:])
+            first = _log_softmax(logits)
+            head = [max((first[i] for n in range(1, min(MAX_TOKEN_BYTES, len(r)) + 1)
+                         for i in self.index.get(r[:n], ())), default=-np.inf) +
+                    self._prior((*w, w[1] + 1), False, []) for r, w in cands]
+            order = np.argsort(-np.array(head), kind="stable")[: self.rank_starts] if cands else []
+            cands = [cands[i] for i in order]
+        else:
+            cands = self._number_copies(prefix, _types(sub))
+        positions = [w for _, w in cands]
+        done = len(prefix) - (1 if string else 0)  # value bytes already written before the copy
+        scored = []
+        for s, toks, (k, p) in self._score(logits, cands, string, word_ends=string and "enum" not in sub):
+            span = (k, p, p + done + sum(len(self.tb[t]) for t in toks))
+            scored.append((s + self._prior(span, ordered, positions), toks, span))
+        if not scored:
+            return
+        score, toks, where = max(scored, key=lambda s: s[0])
+        self.used.append(where)
+        self.plan = list(toks)
+        self.close_after_plan = True
+        self.ranked.append({"value": prefix.decode("utf-8", "replace"), "candidates": len(scored),
+                            "pick": b"".join(self.tb[t] for t in toks).decode("utf-8", "replace"),
+                            "logp": round(score, 3)})
+
+    def _force(self, logits: np.ndarray) -> np.ndarray:
+        out = logits.copy()
+        if self.plan:
+            self.forced = self.plan.pop(0)
+            if self.forced < len(out):
+                out[self.forced] += 1e4
+            return out
+        # the copy is written: close it (the grammar keeps only the closers valid here)
+        self.close_after_plan = False
+        self.forced = None
+        closers = self.close_str if self.cursor.in_string else self.close_num
+        n = min(len(out), len(closers))
+        out[:n] = np.where(closers[:n], out[:n] + 1e4, out[:n])
+        return out
+
     def __call__(self, tokens: list[int], logits: np.ndarray) -> np.ndarray:
         for t in tokens[self.seen:]:
             self.cursor.feed(self.tb[t])
         self.seen = len(tokens)
+        if self.forced is not None and (not tokens or tokens[-1] != self.forced):
+            self.plan, self.close_after_plan = [], False  # the grammar took another token: the copy is off
+        self.forced = None
+        if self.plan or self.close_after_plan:
+            return self._force(logits)
         prefix = self.cursor.value_prefix()
         if prefix is None or self.bias == 0:
             return logits
         sub = schema_at(self.schema, self.cursor.path())
         ids, closes = self.candidates(prefix, sub)
+        if self.session is not None:
+            types = _types(sub)
+            key = (self.cursor.values if prefix[:1] == b'"' and types == {"string"} else
+                   self.cursor.values + 1 if prefix == b"" and types and types <= {"number", "integer"} else None)
+            if key is not None and key != self.decided:  # a value starts: rank its copies once
+                self.decided = key
+                self._rank(logits, prefix, sub, ids)
+                if self.plan:
+                    return self._force(logits)
         if not ids and not closes:
             return logits
         boost = np.zeros(len(logits), dtype=bool)
@@ -302,6 +491,12 @@ class CopyBias:
             boost[: len(closers)] |= closers[: len(logits)]
         self.boosted += 1
         return np.where(boost, logits + self.bias, logits)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = np.max(x[np.isfinite(x)]) if np.isfinite(x).any() else 0.0
+    return x - (m + np.log(np.sum(np.exp(x - m))))
 
 
 def _leaves(value: Any, path: str = ""):

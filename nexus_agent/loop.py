@@ -8,7 +8,8 @@ One turn:
    decoded under its JSON Schema by llguidance, with a bias toward values copied from the step or an
    earlier result (`copying.CopyBias`); `jsonschema` validation. When validation fails, or the schema is too
    complex for a signature (`fullschema.needs_full_schema`), the full schema enters the context (spliced
-   block or text prefill) and the arguments are decoded again. Arguments that still fail become an `invalid_arguments` observation.
+   block or text prefill) and the arguments are decoded again. Arguments that still fail become an
+   `invalid_arguments` observation.
 4. The call goes to the tool's MCP server (`ServerPool`); every outcome is an observation in the trace.
 5. The model answers the request, streamed, with the observations in its prompt.
 """
@@ -48,6 +49,7 @@ class AgentConfig:
     n_ctx: int = 8192
     answer: bool = True
     copy_bias: float = DEFAULT_BIAS  # 0 turns copy-aware decoding off (schema-constrained decoding only)
+    copy_rank: bool = True  # rank whole candidate copies by the model's likelihood (CopyBias with a session)
 
     def __post_init__(self):
         if self.max_steps < 1:
@@ -84,6 +86,13 @@ def split_steps(request: str, max_steps: int) -> list[str]:
     if len(parts) > max_steps:
         parts = parts[: max_steps - 1] + [" then ".join(parts[max_steps - 1:])]
     return parts or [request]
+
+
+def result_text(call: ToolCall, limit: int = 300) -> str:
+    """An earlier call's result as a later step sees it (prompt and copy source): the result only, not the
+    call's own arguments, which a small model would otherwise copy again."""
+    text = call.observation.text if len(call.observation.text) <= limit else call.observation.text[:limit] + " …"
+    return f"{call.tool} returned: {text}" if call.observation.ok else f"{call.tool} failed: {text}"
 
 
 def validate(arguments_text: str, schema: dict) -> tuple[dict | None, str | None]:
@@ -143,7 +152,7 @@ class Agent:
             self.trace.emit("route", **route)
             if d.tool is None or d.tool not in self.tools:
                 continue
-            call = self.call_step(self.tools[d.tool], step, observations)
+            call = self.call_step(self.tools[d.tool], step, [result_text(c) for c in result.calls])
             result.calls.append(call)
             if self.on_confirmed is not None and call.arguments is not None and call.observation.ok:
                 self.on_confirmed(step, call.tool)
@@ -210,7 +219,8 @@ class Agent:
             self.trace.emit("full_schema", tool=tool.name, why=problem, prompt_tokens=len(ids), **info)
         logits = self.live.prefill(ids)
         prefill_s = time.perf_counter() - t0
-        copy = [CopyBias(tok, sources, schema, self.config.copy_bias)] if self.config.copy_bias else []
+        session = self.live.session if self.config.copy_rank else None
+        copy = [CopyBias(tok, sources, schema, self.config.copy_bias, session)] if self.config.copy_bias else []
         res = generate_json(self.live.session, ids, schema, tok, self.config.max_arg_tokens,
                             on_token=lambda p: self.on_text("args", p), logits=logits, processors=copy)
         for t in res.tokens[: res.decoded]:

@@ -49,7 +49,7 @@ def _decode(backend, schema, request, sources=None, bias=4.0, results=None, sig=
     sources = sources if sources is not None else [Source("request", request)]
     s = backend.new_session(2048)
     try:
-        procs = [CopyBias(tok, sources, schema, bias)] if bias else []
+        procs = [CopyBias(tok, sources, schema, bias, session=s)] if bias else []  # the agent's setting: ranked
         r = generate_json(s, ids, schema, tok, 96, processors=procs)
     finally:
         s.close()
@@ -77,7 +77,7 @@ def test_copies_numbers_from_the_request(llamacpp_backend):
 
 def test_copies_an_earlier_result(llamacpp_backend):
     schema = NUMBERS
-    obs = 'Tool add({"a":12,"b":30}) returned: {"result": 42.0}'
+    obs = 'add returned: {"result": 42.0}'  # as loop.result_text shows an earlier call
     step = "multiply the result by 3"
     value = _decode(llamacpp_backend, schema, step, [Source("request", step), Source("observation", obs)],
                     results=[obs], sig="multiply(a: num, b: num) — multiply two numbers")

@@ -52,9 +52,9 @@ def test_claude_desktop_config(nexus_home, tmp_path, http_server):
                       "clock-off": ("disabled", "-", 0), "notes": ("registered", "stdio", 4),
                       "broken": ("failed", "-", 0)}
 
-    unset = nexus("register", "--config", str(config), home=nexus_home)  # NOTES_DIR not set this time
-    assert unset.returncode == 3 and "notes: server 'notes': args[3]: environment variable NOTES_DIR is not set" \
-        in unset.stderr
+    unset = {e.name: e for e in read_config(config, environ={})}  # NOTES_DIR not set this time
+    assert unset["notes"].error == "server 'notes': args[3]: environment variable NOTES_DIR is not set " \
+        "(referenced as ${NOTES_DIR})"
 
 
 def test_vscode_servers_file(store, tmp_path, http_server):

@@ -122,10 +122,8 @@ def _spec(name: str, raw: dict, named: dict, default_cwd: str, environ) -> Serve
     if not isinstance(args, list):
         raise ValueError(f"{where}: `args` must be a list of strings")
     argv = [text("command", raw["command"]), *(text(f"args[{i}]", a) for i, a in enumerate(args))]
-    if argv[0] in ("python", "python3"):
-        argv[0] = ServerCommand.parse("python").argv[0]  # this interpreter, as for `--server`
     cwd = text("cwd", raw["cwd"]) if raw.get("cwd") else default_cwd
-    return ServerCommand(argv, cwd, strings("env"), line=shlex.join(argv))
+    return ServerCommand.parse(shlex.join(argv), cwd, strings("env"))  # a bare `python` is this interpreter
 
 
 def register_config(path: str | Path, store: RegistryStore, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -138,7 +136,7 @@ def register_config(path: str | Path, store: RegistryStore, timeout_s: float = D
     out = []
     for entry in read_config(path, environ):
         if entry.disabled:
-            out.append(ConfigOutcome(entry.name, "-", "disabled", "skipped: \"disabled\": true"))
+            out.append(ConfigOutcome(entry.name, "-", "disabled", "\"disabled\": true in the config"))
             continue
         if entry.error:
             out.append(ConfigOutcome(entry.name, "-", "failed", entry.error))

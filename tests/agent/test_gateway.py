@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import pytest
 
 from nexus_agent.gateway import Gateway, GatewayConfig
 from registry.sources import register_server
@@ -16,17 +17,18 @@ from registry.store import RegistryStore
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _register(home: Path) -> None:
+def _register(*names: str) -> None:
     with RegistryStore() as store:
-        for name in ("calculator", "units", "clock"):
+        for name in names:
             register_server(f"python -m registry.servers.{name}", store, cwd=str(REPO))
 
 
+@pytest.mark.slow  # ~30 s: the gateway process loads the embedder and builds the SLB buffer
 def test_nexus_mcp_over_stdio(nexus_home):
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    _register(nexus_home)
+    _register("calculator", "units", "clock")
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "PYTHONPATH", "HF_HUB_OFFLINE",
                                                           "OMP_NUM_THREADS", "NEXUS_THREADS", "TMPDIR")}
     params = StdioServerParameters(command=sys.executable, args=["-m", "nexus_agent.cli", "mcp"], cwd=str(REPO),
@@ -68,7 +70,7 @@ def test_nexus_mcp_over_stdio(nexus_home):
 
 
 def test_only_the_two_gateway_tools_are_listed_above_the_limit(nexus_home):
-    _register(nexus_home)
+    _register("calculator", "units")
     with RegistryStore() as store:
         gateway = Gateway(store, config=GatewayConfig(list_limit=5))
         try:
@@ -85,7 +87,7 @@ def test_nexus_mcp_over_streamable_http(nexus_home, http_server):
     """`nexus mcp --http` as a remote server of another MCP client (our own): listed tools and a proxied call."""
     from registry.client import RemoteServer, SyncToolClient
 
-    _register(nexus_home)
+    _register("calculator")
     srv = http_server("nexus_agent.cli", "mcp", "--list-limit", "0")
     with SyncToolClient(RemoteServer(srv.url), timeout_s=30) as client:
         assert [t["name"] for t in client.list_tools()] == ["find_tools", "call_tool"]

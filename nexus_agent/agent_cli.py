@@ -1,4 +1,5 @@
-"""`nexus run "task"`, `nexus chat`, `nexus doctor`: a thin rich layer over nexus_agent.session.open_agent."""
+"""`nexus run "task"`, `nexus chat`, `nexus doctor`, `nexus mcp`: a thin rich layer over nexus_agent.session.open_agent
+and nexus_agent.gateway."""
 
 from __future__ import annotations
 
@@ -20,6 +21,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--backend", choices=list_backends(text_only=False), default="llamacpp")
     d.add_argument("--no-servers", action="store_true", help="do not start the registered MCP servers")
     d.set_defaults(func=_doctor)
+    m = sub.add_parser("mcp", help="serve Nexus as one MCP server (find_tools, call_tool) in front of every "
+                       "registered server: stdio, or --http")
+    m.add_argument("--http", action="store_true", help="serve streamable HTTP at http://HOST:PORT/mcp")
+    m.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
+    m.add_argument("--port", type=int, default=0, help="HTTP port (default: a free one, printed on stderr)")
+    m.add_argument("--list-limit", type=int, default=20,
+                   help="also list the registered tools by name when there are at most this many (default 20)")
+    m.add_argument("--route-mode", choices=("gate", "embed", "rerank"), default="gate")
+    m.set_defaults(func=_mcp)
 
 
 def _agent_args(p: argparse.ArgumentParser) -> None:
@@ -97,6 +107,13 @@ def _doctor(args: argparse.Namespace) -> int:
         ok &= passed
         print(f"[{'ok' if passed else 'FAIL'}] {name}: {detail}")
     return 0 if ok else 1
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    from nexus_agent.gateway import GatewayConfig, serve
+
+    serve(GatewayConfig(list_limit=args.list_limit, route_mode=args.route_mode), args.http, args.host, args.port)
+    return 0
 
 
 if __name__ == "__main__":

@@ -146,13 +146,15 @@ def check_blocks(store) -> list[Check]:
 
 
 def check_servers(store) -> list[Check]:
-    from registry.client import ServerCommand, list_server_tools
+    from registry.client import list_server_tools
 
     out: list[Check] = []
     for srv in store.list_servers():
         try:
-            name, tools = list_server_tools(ServerCommand.parse(srv.command, srv.cwd), 20)
-            out.append((f"server {srv.name}", True, f"{len(tools)} tools"))
+            spec = srv.spec()
+            name, tools = list_server_tools(spec, 20)
+            via = "" if srv.transport == "stdio" else f" at {spec.describe()}"
+            out.append((f"server {srv.name}", True, f"{len(tools)} tools{via}"))
         except Exception as e:
             out.append((f"server {srv.name}", False, str(e).splitlines()[0]))
     return out

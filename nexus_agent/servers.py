@@ -1,4 +1,5 @@
-"""MCP servers for the agent: started lazily, kept alive across turns, restarted once after a crash.
+"""MCP servers for the agent: started (stdio) or connected to (remote) lazily, kept alive across turns,
+restarted or reconnected once after a crash or a dropped connection.
 
 Every call returns an `Observation` (never raises for a tool or server failure), so one broken tool cannot
 end the session: the model reads what went wrong instead.
@@ -11,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from registry.client import ServerCommand, ServerError, SyncToolClient
+from registry.client import ServerCommand, ServerError, ServerSpec, SyncToolClient
 
 
 @dataclass
@@ -58,7 +59,7 @@ class ServerPoolConfig:
 
 @dataclass
 class _Server:
-    command: ServerCommand
+    command: ServerSpec
     client: SyncToolClient | None = None
     restarts: int = 0
     starts: int = 0
@@ -66,9 +67,10 @@ class _Server:
 
 
 class ServerPool:
-    """Servers by name (`commands`: name -> ServerCommand or command line), and which server serves a tool."""
+    """Servers by name (`commands`: name -> ServerCommand, RemoteServer or a stdio command line), and which
+    server serves a tool. A remote server is "restarted" by opening a new connection and MCP session to it."""
 
-    def __init__(self, commands: dict[str, ServerCommand | str], tool_server: dict[str, str],
+    def __init__(self, commands: dict[str, ServerSpec | str], tool_server: dict[str, str],
                  config: ServerPoolConfig | None = None):
         self.config = config or ServerPoolConfig()
         self.tool_server = dict(tool_server)
@@ -77,7 +79,7 @@ class ServerPool:
     @classmethod
     def from_store(cls, store, config: ServerPoolConfig | None = None) -> "ServerPool":
         """Every registered server of a `RegistryStore` and the tools it serves."""
-        commands = {s.name: ServerCommand.parse(s.command, s.cwd) for s in store.list_servers()}
+        commands = {s.name: s.spec() for s in store.list_servers()}
         return cls(commands, {t.name: t.server for t in store.list_tools() if t.server}, config)
 
     def running(self) -> list[str]:

@@ -1,5 +1,5 @@
-"""`nexus register`, `nexus tools list|show|remove|stats|examples`, `nexus servers list`: a thin layer over
-registry/.
+"""`nexus register` (a stdio server, a remote URL, an MCP client config file, a tool file or a bundled server),
+`nexus tools list|show|remove|stats|examples`, `nexus servers list`: a thin layer over registry/.
 
 Listing commands take `--json` (machine-readable, on stdout); otherwise they print rich tables.
 """
@@ -15,15 +15,23 @@ AFTER_REGISTER: list = []
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("register",
-                              help="register MCP tools from a server, a JSON/JSONL file or a bundled server")
+    p = subparsers.add_parser("register", help="register MCP tools from a server (stdio or remote), an MCP client "
+                              "config file, a JSON/JSONL file or a bundled server")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--server", metavar="CMD",
                      help='stdio server command line, e.g. "python -m registry.servers.catalog"')
+    src.add_argument("--url", metavar="URL", help="a remote server, e.g. http://127.0.0.1:8000/mcp")
+    src.add_argument("--config", metavar="PATH", help="every server of an MCP client config file: "
+                     "claude_desktop_config.json, .cursor/mcp.json, .mcp.json, .vscode/mcp.json")
     src.add_argument("--file", metavar="PATH", help="JSON or JSONL file of MCP tool objects")
     src.add_argument("--bundled", metavar="NAME",
                      help="a bundled server: calculator, clock, files, notes, units, catalog")
     p.add_argument("--name", help="server name to record (default: the name the server reports)")
+    p.add_argument("--transport", choices=("http", "sse"), default="http",
+                   help="--url only: streamable HTTP (default) or the legacy SSE transport")
+    p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                   help="--url only: an HTTP header to send (repeatable); ${VAR} is read from the environment at "
+                   "each connection and stored unexpanded")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for the server (default 20)")
     p.add_argument("--json", action="store_true", help="print the registration report as JSON")
     p.set_defaults(func=cmd_register)
@@ -83,12 +91,17 @@ def _console():
 def cmd_register(args) -> int:
     from registry.client import ServerError
     from registry.servers import command_for
-    from registry.sources import register_file, register_server
+    from registry.sources import register_file, register_remote, register_server
 
+    if args.config:
+        return _register_config(args)
     with _store() as store:
         try:
             if args.file:
                 report = register_file(args.file, store)
+            elif args.url:
+                report = register_remote(args.url, store, args.transport, _headers(args.header), args.timeout,
+                                         args.name)
             else:
                 command = args.server or command_for(args.bundled)
                 report = register_server(command, store, timeout_s=args.timeout, name=args.name)
@@ -109,6 +122,54 @@ def cmd_register(args) -> int:
         for e in report.rejected:
             print(f"  rejected {e}", file=sys.stderr)
     return 0 if report.ok else 3
+
+
+def _headers(lines: list[str]) -> dict[str, str]:
+    """`--header 'Name: value'` options as a dict; a line without a colon is a ValueError."""
+    out = {}
+    for line in lines:
+        name, sep, value = line.partition(":")
+        if not sep or not name.strip():
+            raise ValueError(f"--header {line!r}: expected 'Name: value', e.g. 'Authorization: Bearer ${{TOKEN}}'")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _register_config(args) -> int:
+    """`nexus register --config PATH`: a table (server, transport, tools, status); exit 0 when every enabled
+    entry registered, 3 when some failed, 1 when none registered."""
+    from registry.mcp_config import register_config
+
+    with _store() as store:
+        outcomes = register_config(args.config, store, timeout_s=args.timeout)
+        warnings = []
+        for o in outcomes:
+            if o.report is not None and (o.report.added or o.report.updated):
+                warnings += _after_register(store, o.report)
+    for w in warnings:
+        print(f"nexus register: warning: {w}", file=sys.stderr)
+    failed = [o for o in outcomes if o.status == "failed"]
+    registered = [o for o in outcomes if o.status == "registered"]
+    if args.json:
+        print(json.dumps({"servers": [o.as_dict() for o in outcomes], "warnings": warnings}, indent=2))
+    else:
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title=f"servers of {args.config}")
+        for col in ("server", "transport", "tools", "status"):
+            table.add_column(col, overflow="fold")
+        for o in outcomes:
+            status = f"{o.status}: {o.detail}" if o.detail else o.status
+            table.add_row(Text(o.name), o.transport, str(o.tools) if o.status == "registered" else "-", Text(status))
+        _console().print(table)
+        print(f"{len(registered)} registered, {len(failed)} failed, "
+              f"{len(outcomes) - len(registered) - len(failed)} disabled")
+        for o in failed:
+            print(f"nexus register: {o.name}: {o.detail}", file=sys.stderr)
+    if failed and not registered:
+        return 1
+    return 3 if failed or any(not o.report.ok for o in registered) else 0
 
 
 def _after_register(store, report) -> list[str]:
@@ -244,15 +305,22 @@ def cmd_servers_list(args) -> int:
     with _store() as store:
         servers = store.list_servers()
     if args.json:
-        print(json.dumps([vars(s) for s in servers], indent=1))
+        print(json.dumps([vars(s) | {"headers": _shown_headers(s.headers), "env": _shown_headers(s.env)}
+                          for s in servers], indent=1))
         return 0
     from rich.table import Table
     from rich.text import Text
 
     table = Table(title=f"{len(servers)} servers")
-    for col in ("name", "tools", "command", "cwd"):
+    for col in ("name", "transport", "tools", "command / url", "cwd / headers"):
         table.add_column(col, overflow="fold")
     for s in servers:
-        table.add_row(Text(s.name), str(s.tool_count), Text(s.command), Text(s.cwd or "-"))
+        where = (s.cwd or "-") if s.transport == "stdio" else (", ".join(s.headers) or "-")
+        table.add_row(Text(s.name), s.transport, str(s.tool_count), Text(s.target), Text(where))
     _console().print(table)
     return 0
+
+
+def _shown_headers(values: dict[str, str]) -> dict[str, str]:
+    """Header (or env) values for a listing: `${VAR}` references as written, literal values hidden (secrets)."""
+    return {k: v if "${" in v else "<set>" for k, v in values.items()}

@@ -1,47 +1,28 @@
-"""A client for MCP stdio servers: start one from its recorded command, list its tools, call them.
+"""A client for MCP servers: connect to one (a stdio command or a remote URL), list its tools, call them.
 
-`ToolClient` is the async form (an async context manager over the SDK's `stdio_client` + `ClientSession`);
+`ToolClient` is the async form (an async context manager over the SDK's transport client + `ClientSession`);
 `SyncToolClient` runs one in a background event loop for synchronous callers such as the agent loop;
 `list_server_tools` is the one-shot form used by registration. Every network-shaped step has a timeout in
-seconds, and a server that exits or never answers becomes a `ServerError` quoting its last stderr lines.
+seconds, and a server that exits, refuses the connection or never answers becomes a `ServerError` (quoting a
+stdio server's last stderr lines). How a server is reached lives in registry.transports.
 """
 
 from __future__ import annotations
 
-import os
-import shlex
-import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from registry.transports import PASSED_ENV, RemoteServer, ServerCommand, ServerSpec
+
+__all__ = ["PASSED_ENV", "CallResult", "RemoteServer", "ServerCommand", "ServerError", "ServerSpec", "ToolClient",
+           "SyncToolClient", "list_server_tools"]
+
 DEFAULT_TIMEOUT_S = 20.0
-PASSED_ENV = ("PYTHONPATH", "NEXUS_HOME", "VIRTUAL_ENV", "TMPDIR")
 
 
 class ServerError(RuntimeError):
     """An MCP server could not be started, did not answer in time, or broke the protocol."""
-
-
-@dataclass
-class ServerCommand:
-    """How to start a stdio server: argv, working folder, extra environment variables."""
-
-    argv: list[str]
-    cwd: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, command: str, cwd: str | None = None) -> "ServerCommand":
-        """From a shell-style command line. A bare `python`/`python3` means this interpreter, so bundled
-        servers run in the same environment as Nexus."""
-        argv = shlex.split(command)
-        if not argv:
-            raise ValueError("empty server command; pass e.g. --server 'python -m registry.servers.calculator'")
-        if argv[0] in ("python", "python3"):
-            argv[0] = sys.executable
-        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
-        return cls(argv=argv, cwd=cwd, env=env)
 
 
 @dataclass
@@ -54,39 +35,50 @@ class CallResult:
 
 
 class ToolClient:
-    """`async with ToolClient(cmd) as c: await c.list_tools(); await c.call_tool(name, args)`."""
+    """`async with ToolClient(spec) as c: await c.list_tools(); await c.call_tool(name, args)`; `spec` is a
+    ServerCommand, a RemoteServer or a stdio command line."""
 
-    def __init__(self, command: ServerCommand | str, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, command: ServerSpec | str, timeout_s: float = DEFAULT_TIMEOUT_S):
         self.command = ServerCommand.parse(command) if isinstance(command, str) else command
+        if isinstance(self.command, RemoteServer):  # its HTTP connect timeout is ours
+            self.command = RemoteServer(self.command.url, self.command.transport, self.command.headers, timeout_s)
         self.timeout_s = timeout_s
         self.server_name: str | None = None
         self._stack = None
         self._session = None
         self._errlog = None
+        self._closing = None
 
     async def __aenter__(self) -> "ToolClient":
         from contextlib import AsyncExitStack
 
         import anyio
-        from mcp import ClientSession, StdioServerParameters
-        from mcp.client.stdio import stdio_client
 
-        params = StdioServerParameters(
-            command=self.command.argv[0], args=self.command.argv[1:], cwd=self.command.cwd, env=self.command.env
-        )
         self._errlog = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
         self._stack = AsyncExitStack()
         try:
-            # The transport and session open task groups: enter them outside the timeout scope.
-            read, write = await self._stack.enter_async_context(stdio_client(params, errlog=self._errlog))
-            self._session = await self._stack.enter_async_context(ClientSession(read, write))
+            # The transport and the session run in a task of our own task group, so the timeout covers every
+            # step of the start (an SSE server's stream opens on connect, the others answer `initialize`)
+            # and a start that times out cancels that task without unbalancing the transports' task groups.
+            tg = await self._stack.enter_async_context(anyio.create_task_group())
+            self._closing = anyio.Event()
+            self._stack.callback(self._closing.set)  # runs first on close: the task leaves its contexts
             with anyio.fail_after(self.timeout_s):
-                init = await self._session.initialize()
+                self._session, init = await tg.start(self._run)
         except BaseException as e:
             await self._abort()
             raise self._error("start", e) from e
         self.server_name = init.server_info.name
         return self
+
+    async def _run(self, task_status) -> None:
+        from mcp import ClientSession
+
+        async with self.command.connect(self._errlog) as (read, write):
+            async with ClientSession(read, write) as session:
+                init = await session.initialize()
+                task_status.started((session, init))
+                await self._closing.wait()
 
     async def __aexit__(self, *exc) -> None:
         await self._abort()
@@ -100,18 +92,17 @@ class ToolClient:
                 pass  # the server is already gone; nothing to clean up that we can act on
 
     def _error(self, what: str, e: BaseException) -> ServerError:
-        cmd = shlex.join(self.command.argv)
         if isinstance(e, TimeoutError):
             reason = f"no answer within {self.timeout_s:g} s (raise --timeout if the server is just slow)"
         else:
-            reason = f"{type(e).__name__}: {e}"
+            reason = _reason(e)
         tail = ""
         if self._errlog is not None:
             self._errlog.seek(0)
             lines = [ln for ln in self._errlog.read().splitlines() if ln.strip()][-5:]
             if lines:
                 tail = "\n  server stderr:\n    " + "\n    ".join(lines)
-        return ServerError(f"MCP server `{cmd}` failed to {what}: {reason}{tail}")
+        return ServerError(f"MCP server {self.command.describe()} failed to {what}: {reason}{tail}")
 
     async def list_tools(self, page_limit: int = 1000) -> list[dict[str, Any]]:
         """All tools as MCP JSON dicts (camelCase), following `nextCursor` pages."""
@@ -147,7 +138,14 @@ class ToolClient:
         return CallResult(text=text, structured=result.structured_content, is_error=bool(result.is_error))
 
 
-def list_server_tools(command: ServerCommand | str, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[str, list[dict]]:
+def _reason(e: BaseException) -> str:
+    """One line for an exception; an exception group (the transports' task groups) by its first leaf."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return f"{type(e).__name__}: {e}"
+
+
+def list_server_tools(command: ServerSpec | str, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[str, list[dict]]:
     """Start the server, list all its tools, stop it. Returns (server name from its handshake, tools)."""
     import anyio
 
@@ -162,7 +160,7 @@ class SyncToolClient:
     """A blocking facade over ToolClient (its event loop lives in a background thread). Close it, or use it
     as a context manager; `close()` is idempotent."""
 
-    def __init__(self, command: ServerCommand | str, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, command: ServerSpec | str, timeout_s: float = DEFAULT_TIMEOUT_S):
         from anyio.from_thread import start_blocking_portal
 
         self._portal_cm = start_blocking_portal()

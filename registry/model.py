@@ -115,6 +115,19 @@ def check_json_schema(tool: str, field: str, schema: Any, limits: ToolLimits = L
         )
 
 
+def arguments_error(tool: str, schema: dict, arguments: Any) -> str | None:
+    """A one-line message naming the first (best-matching) way `arguments` break the tool's input schema, e.g.
+    "invalid arguments for add: $.arguments.a: 'x' is not of type 'number'"; None when they are valid."""
+    from jsonschema import validators
+    from jsonschema.exceptions import best_match
+
+    cls = validators.validator_for(schema, default=validators.Draft202012Validator)
+    error = best_match(cls(schema).iter_errors(arguments))
+    if error is None:
+        return None
+    return f"invalid arguments for {tool}: {json_path(['arguments', *error.absolute_path])}: {error.message}"
+
+
 def check_name(name: Any) -> None:
     if not isinstance(name, str) or not _NAME_RE.match(name):
         shown = name if isinstance(name, str) else repr(name)

@@ -1,4 +1,5 @@
-"""Where tools come from: an MCP stdio server, a JSON/JSONL file, or decorated Python functions.
+"""Where tools come from: an MCP server (stdio or remote), a JSON/JSONL file, or decorated Python functions.
+(MCP client config files, which name many servers, are read by registry.mcp_config.)
 
 Each source ends in `RegistryStore.add_tools`, which validates every tool and keeps the good ones of a batch.
 A source that fails as a whole (a server that exits or never answers, an unreadable file) raises before the
@@ -15,6 +16,7 @@ from typing import Any, Callable
 from registry.client import DEFAULT_TIMEOUT_S, ServerCommand, list_server_tools
 from registry.model import NAME_PATTERN, ToolValidationError, check_name
 from registry.store import RegisterReport, RegistryStore
+from registry.transports import RemoteServer, ServerSpec
 
 
 def register_server(
@@ -27,8 +29,19 @@ def register_server(
     Tools the server no longer lists are removed; changed ones get a new version. Raises ServerError if the
     server cannot be started or does not answer within `timeout_s` seconds (nothing is written then).
     """
-    cwd = cwd or os.getcwd()
-    server_name, tools = list_server_tools(ServerCommand.parse(command, cwd=cwd), timeout_s)
+    return register_spec(ServerCommand.parse(command, cwd=cwd or os.getcwd()), store, timeout_s, name)
+
+
+def register_remote(url: str, store: RegistryStore, transport: str = "http", headers: dict[str, str] | None = None,
+                    timeout_s: float = DEFAULT_TIMEOUT_S, name: str | None = None) -> RegisterReport:
+    """As `register_server`, for a server at `url` over streamable HTTP (`transport="http"`) or SSE."""
+    return register_spec(RemoteServer(url, transport, dict(headers or {})), store, timeout_s, name)
+
+
+def register_spec(spec: ServerSpec, store: RegistryStore, timeout_s: float = DEFAULT_TIMEOUT_S,
+                  name: str | None = None) -> RegisterReport:
+    """Connect to the server `spec` describes, list its tools and store them and the spec (see register_server)."""
+    server_name, tools = list_server_tools(spec, timeout_s)
     server_name = name or server_name
     try:
         check_name(server_name)
@@ -36,7 +49,7 @@ def register_server(
         raise ValueError(
             f"server name {server_name!r} is not a safe identifier ({NAME_PATTERN}); pass --name NAME"
         ) from None
-    store.upsert_server(server_name, command, cwd)
+    store.upsert_server(server_name, **spec.record())
     return store.add_tools(tools, server=server_name, prune=True)
 
 

@@ -1,7 +1,11 @@
 """The registry store: one SQLite file (WAL) holding servers, tools, schema versions and artefact freshness.
 
 Tables:
-- `servers(name, command, cwd, ...)`: how to start each registered MCP server again.
+- `servers(name, command, cwd, transport, url, headers, env, ...)`: how to reach each registered MCP server
+  again: a stdio command line (run in `cwd` with the extra `env`), or a remote `url` (transport `http` for
+  streamable HTTP or `sse`) sent `headers`. `headers` and `env` are JSON objects whose `${VAR}` references are
+  kept unexpanded (registry.transports). Registries written before remote servers existed gain the columns on
+  open (schema version 1 -> 2, every row kept as a stdio server).
 - `tools(name, server, version, schema_hash, data)`: the current version of each tool (`data` is its JSON).
 - `tool_versions(tool, version, schema_hash, data)`: every version ever registered, for audit and rollback.
 - `artefacts(tool, kind, schema_hash)`: which schema hash a derived artefact of `kind` (e.g. "embedding",
@@ -40,6 +44,10 @@ CREATE TABLE IF NOT EXISTS servers (
     name TEXT PRIMARY KEY,
     command TEXT NOT NULL,
     cwd TEXT,
+    transport TEXT NOT NULL DEFAULT 'stdio',
+    url TEXT,
+    headers TEXT,
+    env TEXT,
     registered_at REAL NOT NULL,
     updated_at REAL NOT NULL
 );
@@ -79,6 +87,12 @@ CREATE TABLE IF NOT EXISTS artefacts (
 """
 
 
+SCHEMA_VERSION = 2
+SERVER_COLUMNS = (  # added in version 2, with their SQL definitions
+    ("transport", "TEXT NOT NULL DEFAULT 'stdio'"), ("url", "TEXT"), ("headers", "TEXT"), ("env", "TEXT"),
+)
+
+
 class RegistryBusyError(ValueError):
     """Another process held the registry's write lock for longer than the busy timeout; nothing was written."""
 
@@ -111,7 +125,8 @@ class RegisterReport:
 
 @dataclass
 class ServerRecord:
-    """A registered server: its name, the shell command that starts it, the folder to start it in."""
+    """A registered server: its name, how to reach it (transport stdio: the shell command that starts it, the
+    folder to start it in, extra environment variables; http / sse: its URL and the headers sent), its tool count."""
 
     name: str
     command: str
@@ -119,6 +134,21 @@ class ServerRecord:
     tool_count: int
     registered_at: float
     updated_at: float
+    transport: str = "stdio"
+    url: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def spec(self):
+        """The registry.transports spec that reaches this server (ServerCommand or RemoteServer)."""
+        from registry.transports import spec_from_record
+
+        return spec_from_record(self.transport, self.command, self.cwd, self.url, self.headers, self.env)
+
+    @property
+    def target(self) -> str:
+        """The command line or the URL, for listings."""
+        return self.command if self.transport == "stdio" else self.url or ""
 
 
 class RegistryStore:
@@ -138,6 +168,7 @@ class RegistryStore:
         self._db.execute("PRAGMA synchronous = NORMAL")
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.executescript(SCHEMA)  # idempotent; runs in its own implicit transaction
+        self._migrate()
 
     # -- plumbing -------------------------------------------------------------------------------------
     @property
@@ -148,6 +179,17 @@ class RegistryStore:
 
     def _write(self):
         return _Transaction(self.db)
+
+    def _migrate(self) -> None:
+        """Bring a registry written by an older Nexus to SCHEMA_VERSION in place, keeping every row."""
+        if self.db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+            return
+        with self._write():
+            have = {r[1] for r in self.db.execute("PRAGMA table_info(servers)")}
+            for column, sql in SERVER_COLUMNS:
+                if column not in have:
+                    self.db.execute(f"ALTER TABLE servers ADD COLUMN {column} {sql}")
+            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         if self._db is not None:
@@ -161,26 +203,40 @@ class RegistryStore:
         self.close()
 
     # -- servers --------------------------------------------------------------------------------------
-    def upsert_server(self, name: str, command: str, cwd: str | None = None) -> None:
-        """Record how to start server `name` (a shell-style command line, run in `cwd`)."""
+    def upsert_server(self, name: str, command: str = "", cwd: str | None = None, *, transport: str = "stdio",
+                      url: str | None = None, headers: dict[str, str] | None = None,
+                      env: dict[str, str] | None = None) -> None:
+        """Record how to reach server `name`: a shell-style command line run in `cwd` with extra `env`
+        (transport "stdio"), or a `url` sent `headers` (transport "http" or "sse")."""
+        from registry.transports import TRANSPORTS
+
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
+        if (transport == "stdio") != bool(command) or (transport != "stdio") != bool(url):
+            raise ValueError(f"server {name!r}: a stdio server needs a command and no URL, a remote one a URL")
         now = time.time()
         with self._write():
             self.db.execute(
-                "INSERT INTO servers(name, command, cwd, registered_at, updated_at) VALUES (?,?,?,?,?) "
-                "ON CONFLICT(name) DO UPDATE SET command=excluded.command, cwd=excluded.cwd, "
-                "updated_at=excluded.updated_at",
-                (name, command, cwd, now, now),
+                "INSERT INTO servers(name, command, cwd, transport, url, headers, env, registered_at, updated_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET command=excluded.command, "
+                "cwd=excluded.cwd, transport=excluded.transport, url=excluded.url, headers=excluded.headers, "
+                "env=excluded.env, updated_at=excluded.updated_at",
+                (name, command, cwd, transport, url, json.dumps(headers) if headers else None,
+                 json.dumps(env) if env else None, now, now),
             )
 
     def list_servers(self) -> list[ServerRecord]:
         rows = self.db.execute(
-            "SELECT s.name, s.command, s.cwd, COUNT(t.name), s.registered_at, s.updated_at FROM servers s "
-            "LEFT JOIN tools t ON t.server = s.name GROUP BY s.name ORDER BY s.name"
+            "SELECT s.name, s.command, s.cwd, COUNT(t.name), s.registered_at, s.updated_at, s.transport, s.url, "
+            "s.headers, s.env FROM servers s LEFT JOIN tools t ON t.server = s.name GROUP BY s.name ORDER BY s.name"
         ).fetchall()
-        return [ServerRecord(*r) for r in rows]
+        return [ServerRecord(*r[:8], headers=json.loads(r[8] or "{}"), env=json.loads(r[9] or "{}")) for r in rows]
+
+    def get_server(self, name: str) -> ServerRecord | None:
+        return next((s for s in self.list_servers() if s.name == name), None)
 
     def server_command(self, name: str) -> tuple[str, str | None] | None:
-        """(command, cwd) recorded for server `name`, or None if it is not registered."""
+        """(command, cwd) recorded for server `name`, or None if it is not registered (remote: command "")."""
         row = self.db.execute("SELECT command, cwd FROM servers WHERE name = ?", (name,)).fetchone()
         return (row[0], row[1]) if row else None
 

@@ -76,3 +76,23 @@ def probe_store(nexus_home):
     store.add_tools(tools, server=name)
     yield store
     store.close()
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    """`start(module, *args, transport="--http", env=None)`: a real MCP server (a bundled server module such as
+    `registry.servers.calculator`, or a script path) over streamable HTTP (or `--sse`) on a free port of
+    127.0.0.1 (tests/http_servers.py). Every server started is killed by its PID after the test."""
+    from http_servers import HttpServer, bundled_argv
+
+    started = []
+
+    def start(module: str, *args: str, transport: str = "--http", env: dict | None = None) -> HttpServer:
+        log = tmp_path / f"http-server-{len(started)}.log"
+        srv = HttpServer(bundled_argv(module, *args, transport=transport), log, env)
+        started.append(srv)
+        return srv.start()
+
+    yield start
+    for srv in started:
+        srv.kill()

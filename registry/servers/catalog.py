@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from registry.model import Tool, ToolValidationError, canonical_json, check_name
-from registry.servers.runtime import PAGE_SIZE, Handler, serve
+from registry.servers.runtime import PAGE_SIZE, Handler, add_transport_arguments, serve
 
 
 def answer(tool_name: str):
@@ -54,10 +54,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--catalog", type=Path, required=True, help="JSON/JSONL file of MCP tools")
     parser.add_argument("--limit", type=int, default=None, help="serve only the first N tools")
     parser.add_argument("--page-size", type=int, default=PAGE_SIZE, help="tools per tools/list page")
+    add_transport_arguments(parser)
     args = parser.parse_args(argv)
     if not args.catalog.is_file():
         parser.error(f"catalogue {args.catalog} not found; pass --catalog FILE (JSONL, one MCP tool per line)")
-    serve("catalog", load_handlers(args.catalog, args.limit), page_size=args.page_size)
+    serve("catalog", load_handlers(args.catalog, args.limit), page_size=args.page_size, args=args)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from registry.atomic import write_atomic
 from registry.decorator import tool
-from registry.servers.runtime import ToolInputError, handlers_from_functions, serve
+from registry.servers.runtime import ToolInputError, add_transport_arguments, handlers_from_functions, serve
 
 MAX_FILE_BYTES = 1 << 20
 ROOT: Path = Path(".")  # set by main()
@@ -72,15 +72,16 @@ def main(argv: list[str] | None = None) -> None:
     global ROOT
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default=os.environ.get("NEXUS_FILES_ROOT"), help="sandbox folder")
+    add_transport_arguments(parser)
     args = parser.parse_args(argv)
     if args.root:
         ROOT = Path(args.root).resolve()
         ROOT.mkdir(parents=True, exist_ok=True)
-        serve("files", handlers_from_functions(FUNCTIONS))
+        serve("files", handlers_from_functions(FUNCTIONS), args=args)
     else:
         with tempfile.TemporaryDirectory(prefix="nexus-files-") as tmp:
             ROOT = Path(tmp).resolve()
-            serve("files", handlers_from_functions(FUNCTIONS))
+            serve("files", handlers_from_functions(FUNCTIONS), args=args)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,29 @@
-"""Notes MCP server: short notes kept in SQLite (`--db FILE`, default `$NEXUS_HOME/notes.sqlite`)."""
+"""Notes MCP server: short notes kept in SQLite (`--db FILE`, default `$NEXUS_HOME/notes.sqlite`).
+
+Handlers run in worker threads (registry.servers.runtime), so each thread opens its own connection to the file;
+SQLite's locking (busy timeout 30 s) orders their writes.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sqlite3
+import threading
 
 from registry.decorator import tool
 from registry.home import home_path
-from registry.servers.runtime import ToolInputError, handlers_from_functions, serve
+from registry.servers.runtime import ToolInputError, add_transport_arguments, handlers_from_functions, serve
 
-DB: sqlite3.Connection | None = None  # set by main()
+DB_PATH: str | None = None  # set by main()
+_LOCAL = threading.local()
 
 
 def _db() -> sqlite3.Connection:
-    assert DB is not None, "notes server not started through main()"
-    return DB
+    """This thread's connection to the notes file."""
+    assert DB_PATH is not None, "notes server not started through main()"
+    if getattr(_LOCAL, "db", None) is None:
+        _LOCAL.db = sqlite3.connect(DB_PATH, timeout=30)
+    return _LOCAL.db
 
 
 def _row(r) -> dict:
@@ -62,16 +71,17 @@ FUNCTIONS = [add_note, get_note, search_notes, delete_note]
 
 
 def main(argv: list[str] | None = None) -> None:
-    global DB
+    global DB_PATH
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default=None, help="SQLite file (default: $NEXUS_HOME/notes.sqlite)")
+    add_transport_arguments(parser)
     args = parser.parse_args(argv)
     if args.db is None:
         args.db = str(home_path("notes.sqlite"))
-    DB = sqlite3.connect(args.db, timeout=30)
-    DB.execute("CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, title TEXT, body TEXT, tags TEXT)")
-    DB.commit()
-    serve("notes", handlers_from_functions(FUNCTIONS))
+    DB_PATH = args.db
+    with _db():
+        _db().execute("CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, title TEXT, body TEXT, tags TEXT)")
+    serve("notes", handlers_from_functions(FUNCTIONS), args=args)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@
 Tools: every tool of the bundled servers (listed from the real servers), plus catalogue tools as distractors
 for the larger registry. For each task and size N the registry is the gold tool plus N−1 distractors (bundled
 first, then catalogue, seeded). The router is the SLB scan over that registry (`embed` mode: scan top-1; no
-reranker is trained here); arguments come from the agent's own path (`Agent.call_step` without the MCP call):
-compact signature prompt, llguidance-constrained decoding, jsonschema, full-schema retry.
+reranker is trained here), over each tool's text row and its templated example rows as registration stores
+them (`--examples none`: text rows only); arguments come from the agent's own path (`Agent.call_step` without
+the MCP call): compact signature prompt, llguidance-constrained, copy-aware decoding, jsonschema, full-schema
+retry. Multi-step tasks (`evals.agent_tasks.make_multi_tasks`) run whole turns on the real bundled servers:
+each later step must call its tool with the value an earlier call returned.
 
 Per size: routing_acc (routed tool == gold), json_valid (the produced arguments parse and validate against the
 routed tool's schema, over tasks that produced any), args_exact (gold tool and gold arguments), ttfat_ms
@@ -40,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="multi-step tasks per size, run end to end on the real bundled servers (default 20; "
                         "--quick 8)")
     p.add_argument("--copy-bias", type=float, default=None, help="copy bias (default: the agent's)")
+    p.add_argument("--examples", choices=("template", "none"), default="template",
+                   help="example rows per tool in the router, as registration stores them (default template)")
 
 
 def _bundled_tools():
@@ -109,13 +114,11 @@ def run(args: argparse.Namespace) -> dict:
     import numpy as np
 
     from evals.agent_tasks import args_equal, make_tasks
+    from evals.routing_registry import build_catalogue
     from native import load_backend
     from nexus_agent.loop import Agent, AgentConfig
     from nexus_agent.servers import ServerPool
-    from slb.buffer import quantize_rows
     from slb.embedder import Embedder
-    from slb.index import ScanIndex
-    from slb.router import Router
     from slb.tools import as_entry
 
     n_tasks, n_base = (30, 3) if args.quick else (args.tasks, args.baseline_tasks)
@@ -129,7 +132,7 @@ def run(args: argparse.Namespace) -> dict:
     emb = Embedder()
     entries = [as_entry(t) for t in tools]
     f32 = emb.embed_tools(entries)
-    m8, sc = quantize_rows(f32)
+    cat = build_catalogue(emb, tools, f32, args.examples)
     qv = emb.embed_texts([t.request for t in tasks])
     backend = load_backend(args.backend)
     config = AgentConfig(n_ctx=N_CTX, answer=False)
@@ -138,14 +141,13 @@ def run(args: argparse.Namespace) -> dict:
     agent = Agent(backend, None, {t.name: t for t in tools}, ServerPool({}, {}), config)
     agent.pool.call = lambda tool, a: _NoCall(tool)  # single steps score arguments; multi-step tasks call
     result = {"backend": args.backend, "tasks": len(tasks), "seed": args.seed, "quick": bool(args.quick),
-              "router": "slb scan top-1 (embed mode)", "sizes": {}}
+              "router": f"slb scan top-1 (embed mode, examples: {args.examples})", "sizes": {}}
     for size in sizes:
         rng = np.random.default_rng(args.seed + size)
         rows = []
         for k, (task, q) in enumerate(zip(tasks, qv)):
             idx = _registry(rng, by_name[task.tool], len(bundled), len(tools), size)
-            router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])),
-                            [entries[i] for i in idx], mode="embed")
+            router = _router(emb, cat, entries, idx)
             t0 = time.perf_counter()
             d = router.route(task.request, q)
             route_ms = (time.perf_counter() - t0) * 1e3
@@ -167,7 +169,7 @@ def run(args: argparse.Namespace) -> dict:
         result["sizes"][str(size)] = _summary(rows)
         result["sizes"][str(size)]["rows"] = rows
         if n_multi:
-            multi = _multi(agent, emb, tools, entries, m8, sc, len(bundled), by_name, size, n_multi, args.seed)
+            multi = _multi(agent, emb, tools, entries, cat, len(bundled), by_name, size, n_multi, args.seed)
             result["sizes"][str(size)].update(multi)
     result["copy_bias"] = agent.config.copy_bias
     agent.live.close()
@@ -176,7 +178,7 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def _multi(agent, emb, tools, entries, m8, sc, bundled, by_name, size, n, seed) -> dict:
+def _multi(agent, emb, tools, entries, cat, bundled, by_name, size, n, seed) -> dict:
     """Multi-step tasks end to end (`Agent.run_turn`: steps split, each routed, arguments decoded with the
     earlier results in view, the real bundled servers called); a task is exact when every step called its
     gold tool with acceptable arguments."""
@@ -188,8 +190,6 @@ def _multi(agent, emb, tools, entries, m8, sc, bundled, by_name, size, n, seed) 
     from evals.agent_tasks import args_equal, make_multi_tasks
     from nexus_agent.servers import ServerPool
     from registry.servers import command_for
-    from slb.index import ScanIndex
-    from slb.router import Router
 
     tasks = make_multi_tasks(n, seed)
     rng = np.random.default_rng(seed + size + 1)
@@ -206,8 +206,7 @@ def _multi(agent, emb, tools, entries, m8, sc, bundled, by_name, size, n, seed) 
                 others = [i for i in _registry(rng, golds[0], bundled, len(tools), size + len(golds))
                           if i not in golds]
                 idx = golds + others[: max(size - len(golds), 0)]
-                agent.router = Router(emb, ScanIndex(np.ascontiguousarray(m8[idx]), np.ascontiguousarray(sc[idx])),
-                                      [entries[i] for i in idx], mode="embed")
+                agent.router = _router(emb, cat, entries, idx)
                 _cold(agent.live)
                 turn = agent.run_turn(task.request)
                 results, ok = [], len(turn.calls) == len(task.steps)
@@ -227,6 +226,16 @@ def _multi(agent, emb, tools, entries, m8, sc, bundled, by_name, size, n, seed) 
             agent.pool, agent.router = saved_pool, saved_router
             pool.close()
     return {"multi_exact": sum(r["exact"] for r in rows) / len(rows), "multi_tasks": len(rows), "multi_rows": rows}
+
+
+def _router(emb, cat, entries, idx):
+    """The SLB scan (embed mode: top-1, no reranker) over the registry `idx`: each tool's text row plus, with
+    `--examples template`, its templated example rows, as `nexus register` stores them."""
+    from slb.index import ScanIndex
+    from slb.router import Router
+
+    m8, sc, _, row_tool = cat.registry(idx)
+    return Router(emb, ScanIndex(m8, sc, row_tool=row_tool), [entries[i] for i in idx], mode="embed")
 
 
 class _NoCall:

@@ -5,7 +5,8 @@ in an earlier tool result of the same turn ("... then multiply the result by 3")
 grammar still invents them (`./data.csv`, `100`); it copies reliably once copying is the likely move.
 
 `CopyBias` is a logits processor for `generate_step`. It follows the JSON being generated (`JsonCursor`) and,
-while a value is being written, adds `bias` to every token that continues a *copy*: the value so far followed
+while a value is being written, adds `bias` to every token that continues a *copy* (and, given the session,
+ranks whole candidate copies where a value starts: the class docstring): the value so far followed
 by that token is a prefix of a span of a source text (a string value starting at a word boundary, any end),
 of a number written in a source (for number/integer parameters), or of an enum value the request names. A
 token that closes the value right after a complete copy (the closing quote, a `,` after a number) gets the
@@ -233,12 +234,13 @@ class CopyBias:
 
     Without a `session` it adds `bias` to every token that continues a copy. With the generation's `session`
     it also ranks: where a value starts and a copy token would win under the bias, the candidate copies
-    (the `rank_starts` likeliest starts, or every number written in a source) are scored by the model's own
-    log-likelihood of the whole value, closing quote or delimiter included (one `forward_logits` pass over
-    each candidate, then removed from the session), and the best one is forced token by token. A small model
-    picks the right start far more often over the whole value than over its first token (`file` vs
-    `/tmp/repo` after "the file"). Place it after the grammar mask: a forced token the grammar forbids is
-    simply not taken, and the copy is dropped.
+    (the `rank_starts` likeliest starts, every number written in a source, every enum value the request
+    names) are scored by the model's own mean log-likelihood per token of the whole value, closing quote or
+    delimiter included (`_score`: one `forward_logits` pass over each candidate, then removed from the
+    session), plus the priors of `_prior`, and the best one is forced token by token. Over its first token
+    alone a small model picks `file` for "the file /tmp/repo"; over the whole value it picks the path. Place
+    it after the grammar mask: a forced token the grammar forbids is simply not taken, and the copy is
+    dropped (the value goes on under the bias alone).
     """
 
     def __init__(self, tokenizer, sources: list[Source], schema: dict, bias: float = DEFAULT_BIAS,
@@ -313,19 +315,39 @@ class CopyBias:
                     out.append((lit[len(prefix):], (k, m.start())))
         return out
 
-    def _prior(self, where: tuple[int, int, int], number: bool, numbers: list[tuple[int, int]]) -> float:
+    def _prior(self, where: tuple[int, int, int], rank: int | None, positions: list[tuple[int, int]]) -> float:
         """A copy's prior, beside the model's score: a value copied already is less likely again (-USED_PENALTY),
-        and numbers fill parameters in the order the request writes them (-ORDER_PENALTY per number skipped
-        after the last one copied)."""
+        and numbers (and values of one enum) fill parameters in the order the request writes them:
+        `rank` is the parameter's place among its siblings of that kind in the schema's order, and the
+        candidate costs ORDER_PENALTY per place its position among `positions` (same source) is off. The
+        schema's order, not the output's: the grammar writes keys in its own (sorted) order."""
         k, start, end = where
-        mine = [u for u in self.used if u[0] == k]
-        prior = -USED_PENALTY if any(s < end and start < e for _, s, e in mine) else 0.0
-        if number:
-            last = max((s for _, s, _ in mine), default=-1)
-            skipped = {p for kk, p in numbers if kk == k and last < p < start and
-                       not any(s <= p < e for _, s, e in mine)}
-            prior -= ORDER_PENALTY * len(skipped)
+        prior = -USED_PENALTY if any(kk == k and s < end and start < e for kk, s, e in self.used) else 0.0
+        if rank is not None:
+            mine = sorted({p for kk, p in positions if kk == k})
+            if start in mine:
+                prior -= ORDER_PENALTY * abs(mine.index(start) - rank)
         return prior
+
+    def _sibling_rank(self, sub: dict) -> int | None:
+        """The current parameter's place among the parent object's parameters of the same kind (numbers, or
+        the same enum), in the schema's order; None when it has no such sibling."""
+        path = self.cursor.path()
+        if not path or path[-1] == "[]":
+            return None
+        props = schema_at(self.schema, path[:-1]).get("properties") or {}
+        numeric = {"number", "integer"}
+
+        def kind(s):
+            if not isinstance(s, dict):
+                return None
+            if s.get("enum"):
+                return ("enum", json.dumps(s["enum"], sort_keys=True))
+            return "number" if _types(s) <= numeric and "type" in s else None
+
+        mine = kind(sub)
+        same = [name for name, s in props.items() if mine is not None and kind(s) == mine]
+        return same.index(path[-1]) if len(same) > 1 and path[-1] in same else None
 
     def candidates(self, prefix: bytes, sub: dict) -> tuple[set[int], bool]:
         """(token ids that continue a copy of the value `prefix`, whether closing the value now ends one)."""
@@ -378,6 +400,9 @@ class CopyBias:
         first = _log_softmax(logits)
         out = []
         for rest, where in remainders:
+            k, p = where
+            quoted = p > 0 and self.texts[k][0][p - 1] in b"'`\""  # a quoted text is copied whole
+            ends = word_ends and not quoted
             toks = self.tokenizer.encode(rest.decode("utf-8", "ignore"))[: self.max_copy_tokens]
             if not toks:
                 continue
@@ -390,7 +415,7 @@ class CopyBias:
                 if not rest.startswith(written):
                     break
                 whole = len(written) == len(rest)
-                if (word_ends and _word_end(rest, len(written))) or whole:
+                if (ends and _word_end(rest, len(written))) or whole:
                     lp = _log_softmax(logits_after[i])
                     close = float(np.logaddexp.reduce(lp[: len(closers)][closers[: len(lp)]]))
                     mean = (total + close) / (i + 2)
@@ -414,7 +439,7 @@ class CopyBias:
         if best_copy < best_free:
             return
         string = prefix[:1] == b'"'
-        ordered = not string or "enum" in sub  # numbers and enum values: the request's order is a prior
+        rank = self._sibling_rank(sub) if (not string or "enum" in sub) else None
         if string and "enum" in sub:
             cands = self._enum_spans(prefix[1:], sub)
         elif string:
@@ -422,7 +447,7 @@ class CopyBias:
             first = _log_softmax(logits)
             head = [max((first[i] for n in range(1, min(MAX_TOKEN_BYTES, len(r)) + 1)
                          for i in self.index.get(r[:n], ())), default=-np.inf) +
-                    self._prior((*w, w[1] + 1), False, []) for r, w in cands]
+                    self._prior((*w, w[1] + 1), None, []) for r, w in cands]
             order = np.argsort(-np.array(head), kind="stable")[: self.rank_starts] if cands else []
             cands = [cands[i] for i in order]
         else:
@@ -432,7 +457,7 @@ class CopyBias:
         scored = []
         for s, toks, (k, p) in self._score(logits, cands, string, word_ends=string and "enum" not in sub):
             span = (k, p, p + done + sum(len(self.tb[t]) for t in toks))
-            scored.append((s + self._prior(span, ordered, positions), toks, span))
+            scored.append((s + self._prior(span, rank, positions), toks, span))
         if not scored:
             return
         score, toks, where = max(scored, key=lambda s: s[0])

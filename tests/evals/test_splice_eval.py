@@ -42,16 +42,14 @@ def test_eval_splice_on_gemma3(tmp_path, routing_data):
     """The packaged Gemma 3 on MLX: fidelity per depth, a block re-anchored beyond its 512-token window included."""
     out = tmp_path / "splice.json"
     cmd = [sys.executable, "-m", "nexus_agent.cli", "eval", "splice", "--backend", "mlx", "--model", "gemma3",
-           "--depths", "0,600", "--n-tools", "1", "--tool-file", str(routing_data / "tools.jsonl"),
+           "--depths", "600", "--n-tools", "1", "--tool-file", str(routing_data / "tools.jsonl"),
            "--json", str(out)]
     p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "NEXUS_THREADS": "1"}, capture_output=True, text=True,
                        timeout=1200)  # a hang guard, not a speed bound
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(out.read_text())["backends"]["mlx"]
     assert r["architecture"] == "gemma3"
-    for d in ("0", "600"):
-        row = r["depths"][d]
-        assert row["text"]["kl"] < 1e-5 and row["text"]["top1"] == 1.0
-        assert row["roundtrip"]["kl"] < 1e-8
-    assert r["depths"]["0"]["reanchored"]["kl"] < 2e-3
-    assert r["depths"]["600"]["bare"]["kl"] > r["depths"]["600"]["reanchored"]["kl"]
+    row = r["depths"]["600"]  # one depth, past the 512-token window (depth 0 is covered on SmolLM2 above)
+    assert row["text"]["kl"] < 1e-5 and row["text"]["top1"] == 1.0
+    assert row["roundtrip"]["kl"] < 1e-8
+    assert row["bare"]["kl"] > row["reanchored"]["kl"]

@@ -1,5 +1,5 @@
-"""`nexus run "task"`, `nexus chat`, `nexus doctor`, `nexus mcp`: a thin rich layer over nexus_agent.session.open_agent
-and nexus_agent.gateway."""
+"""`nexus run "task"`, `nexus chat`, `nexus doctor`, `nexus mcp`, `nexus serve`: a thin layer over the
+library APIs (nexus_agent.session.open_agent, nexus_agent.gateway, nexus_agent.server)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also list the registered tools by name when there are at most this many (default 20)")
     m.add_argument("--route-mode", choices=("gate", "embed", "rerank"), default="gate")
     m.set_defaults(func=_mcp)
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions) over the agent")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY on /v1 routes")
+    s.add_argument("--model", default=None, help="GGUF file, MLX model folder or packaged name (default smollm2)")
+    s.add_argument("--backend", choices=list_backends(text_only=False), default="llamacpp")
+    s.add_argument("--kv-budget", type=int, default=None, metavar="TOKENS", help="KV budget per conversation")
+    s.add_argument("--n-ctx", type=int, default=8192, help="tokens per live context (default 8192)")
+    s.add_argument("--contexts", type=int, default=2, help="conversation contexts kept for prefix reuse")
+    s.add_argument("--max-body-mb", type=float, default=8.0, help="larger request bodies get HTTP 413")
+    s.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    s.set_defaults(func=_serve)
 
 
 def _agent_args(p: argparse.ArgumentParser) -> None:
@@ -97,6 +109,15 @@ def _chat(args: argparse.Namespace) -> int:
     finally:
         agent.close()
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from nexus_agent.serve_engine import EngineConfig
+    from nexus_agent.server import ServeConfig, serve
+
+    engine = EngineConfig(args.backend, args.model, args.n_ctx, args.kv_budget, args.contexts)
+    return serve(ServeConfig(args.host, args.port, args.api_key, int(args.max_body_mb * (1 << 20)), args.log_level,
+                             engine))
 
 
 def _doctor(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ COMMAND_MODULES = [
     "registry.cli",  # register, tools, servers
     "slb.cli",  # route, slb
     "splice.cli",  # compile, splice
-    "nexus_agent.agent_cli",  # run, chat, doctor, mcp
+    "nexus_agent.agent_cli",  # run, chat, doctor, mcp, serve
     "nexus_agent.demo",  # demo
     "evals.cli",  # eval <name>
 ]

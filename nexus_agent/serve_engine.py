@@ -1,0 +1,293 @@
+"""The model side of `nexus serve`: one backend, the SLB embedder, and the agent's own argument path, driven by
+one OpenAI chat request at a time (the HTTP layer, `nexus_agent.server`, serialises requests onto one worker
+thread; nothing here is thread-safe on purpose).
+
+A request's `tools` are what Nexus routes over. Each tool's embedding is cached in an LRU keyed by its schema
+hash, and the Router over a tool list is cached by the list's hashes, so a repeated tool list costs neither
+an embedding nor an index build. The last user message is split into steps (`loop.split_steps`) and each step
+routed (`slb.router.Router`, gate mode: "none" means no call; `tool_choice: "required"` takes the scan's top-1
+anyway; a named function skips routing). Arguments come from `Agent.arguments` (compressed signature prompt,
+llguidance schema grammar, copy bias from the request and earlier tool results, full-schema fallback). A reply
+without a tool call (`tool_choice: "none"`, no tool routed, or every step answered by a tool result) is a
+normal answer: `stream_generate` over the conversation rendered with the chat template, optionally under a
+`GrammarMask` for `response_format`. Live contexts are reused by longest common token prefix: one for
+argument prompts (they share their system prompt), `contexts` for conversations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from nexus_agent.openai_api import ApiError, ChatRequest, StopText, new_id, render_messages, result_text, tool_names
+from nexus_agent.openai_api import usage as usage_of
+
+DEFAULT_MAX_TOKENS = 512  # answer tokens when the request sets no limit (capped by the context left)
+MAX_STEPS = 8
+
+
+class Cancelled(Exception):
+    """The client went away: generation stops at the next token."""
+
+
+@dataclass
+class EngineConfig:
+    """backend/model: as `nexus generate` (None: the packaged SmolLM2); n_ctx: tokens per live context;
+    kv_budget: the conversation contexts' KV budget (eviction, `nexus_agent.memory`); contexts: conversation
+    contexts kept for prefix reuse; embed_cache / router_cache: LRU sizes (tools, tool lists)."""
+
+    backend: str = "llamacpp"
+    model: str | None = None
+    n_ctx: int = 8192
+    kv_budget: int | None = None
+    contexts: int = 2
+    max_arg_tokens: int = 160
+    embed_cache: int = 8192
+    router_cache: int = 8
+
+    def __post_init__(self):
+        if self.contexts < 1:
+            raise ValueError(f"contexts must be >= 1, got {self.contexts}")
+        if self.n_ctx < 256:
+            raise ValueError(f"n_ctx must be >= 256 tokens, got {self.n_ctx}")
+
+
+def model_name(model: str | None) -> str:
+    """The id /v1/models lists: the packaged name, or the file / folder name without extension."""
+    import os
+
+    if model is None:
+        return "smollm2"
+    base = os.path.basename(os.path.normpath(model))
+    return base[:-5] if base.endswith(".gguf") else base
+
+
+class Engine:
+    """Loads the model and the embedder once; `run(request, emit, cancelled)` answers one request.
+
+    `emit(event)` receives, in order: ("start",) once the request is accepted (errors come before it, as
+    ApiError), then ("content", text) pieces or ("tool_call", index, id, name) / ("arguments", index, text),
+    and last ("finish", finish_reason, usage dict).
+    """
+
+    def __init__(self, config: EngineConfig | None = None):
+        from native import load_backend
+        from nexus_agent.loop import Agent, AgentConfig
+        from nexus_agent.servers import ServerPool
+        from nexus_agent.trace import Trace
+        from slb.embedder import Embedder
+
+        self.config = c = config or EngineConfig()
+        self.backend = load_backend(c.backend, c.model)
+        if self.backend.capabilities.text_only:
+            raise ValueError("nexus serve needs a local backend (llamacpp or mlx), not a text-only server")
+        self.tok = self.backend.tokenizer
+        self.model_id = model_name(c.model)
+        self.embedder = Embedder().load()
+        self.vectors: OrderedDict[str, np.ndarray] = OrderedDict()  # schema hash -> (D,) float32
+        self.routers: OrderedDict[str, object] = OrderedDict()  # digest of a tool list's hashes -> Router
+        self.embedded = 0  # tools run through the embedder (cache misses)
+        self._cancelled: Callable[[], bool] = lambda: False
+        # the agent holds the argument context; the pool is empty: the client runs the tools
+        self.agent = Agent(self.backend, None, {}, ServerPool({}, {}),
+                           AgentConfig(n_ctx=c.n_ctx, max_arg_tokens=c.max_arg_tokens, answer=False),
+                           trace=Trace(), on_text=self._on_text)
+        self.contexts: list = []
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compile the Numba scan and build llguidance's tokenizer and the copy index now (seconds), not on the
+        first request: one routing and one argument decode of a one-parameter tool."""
+        from nexus_agent.copying import Source
+        from registry.model import Tool
+
+        tool = Tool.from_mcp(_WARMUP)
+        self._router([tool]).route("warm up")
+        self.agent.arguments(tool, "Say hi", [], [Source("request", "Say hi")])
+        self.agent.trace.events.clear()
+
+    # -- tools and routing ------------------------------------------------------------------------------------
+    def _router(self, tools: list):
+        """A gate-mode Router over `tools` (cached per tool list; embeddings cached per schema hash)."""
+        from slb.buffer import quantize_rows
+        from slb.index import ScanIndex
+        from slb.router import Router
+        from slb.tools import as_entry, tool_text
+
+        entries = [as_entry(t) for t in tools]
+        key = hashlib.sha256("\n".join(e.schema_hash for e in entries).encode()).hexdigest()
+        if key in self.routers:
+            self.routers.move_to_end(key)
+            return self.routers[key]
+        missing = list({e.schema_hash: e for e in entries if e.schema_hash not in self.vectors}.values())
+        if missing:
+            fresh = self.embedder.embed_texts([tool_text(e, self.embedder.config.recipe) for e in missing])
+            self.embedded += len(missing)
+            self.vectors.update(zip((e.schema_hash for e in missing), fresh))
+        for e in entries:
+            self.vectors.move_to_end(e.schema_hash)
+        while len(self.vectors) > self.config.embed_cache:
+            self.vectors.popitem(last=False)
+        m8, scales = quantize_rows(np.stack([self.vectors[e.schema_hash] for e in entries]))
+        router = Router(self.embedder, ScanIndex(m8, scales), entries, mode="gate")
+        router.route(entries[0].name)
+        self.routers[key] = router
+        if len(self.routers) > self.config.router_cache:
+            self.routers.popitem(last=False)
+        return router
+
+    def plan(self, req: ChatRequest) -> list[tuple[object, str]]:
+        """The (tool, step) calls this reply makes; [] for a text answer."""
+        from nexus_agent.loop import split_steps
+
+        if not req.tools or req.tool_choice == "none":
+            return []
+        last = max((i for i, m in enumerate(req.messages) if m["role"] == "user"), default=None)
+        if last is None:
+            return []
+        text = req.messages[last]["content"]
+        done = sum(1 for m in req.messages[last + 1:] if m["role"] == "tool")
+        by_name = {t.name: t for t in req.tools}
+        if req.named:
+            return [] if done else [(by_name[req.tool_choice], text)]
+        steps = split_steps(text, MAX_STEPS)
+        pending = steps[done:] if req.parallel_tool_calls else steps[done:done + 1]
+        if not pending and req.tool_choice == "required":
+            pending = [text]
+        router = self._router(req.tools)
+        calls = []
+        for step in pending:
+            d = router.route(step)
+            name = d.tool or (d.candidates[0][0] if req.tool_choice == "required" else None)
+            if name is not None:
+                calls.append((by_name[name], step))
+        return calls
+
+    # -- one request ------------------------------------------------------------------------------------------
+    def run(self, req: ChatRequest, emit: Callable[[tuple], None], cancelled: Callable[[], bool]) -> None:
+        self.agent.trace.events.clear()
+        self._cancelled = cancelled
+        calls = self.plan(req)
+        try:
+            if calls:
+                self._tool_calls(req, calls, emit)
+            else:
+                self._answer(req, emit, cancelled)
+        except Cancelled:
+            return
+
+    def _on_text(self, kind: str, piece: str) -> None:
+        if self._cancelled():  # raised inside the decode loop; the next prefill drops what it left cached
+            raise Cancelled()
+
+    def _tool_calls(self, req: ChatRequest, calls: list, emit) -> None:
+        from native.generate import Detokenizer
+        from nexus_agent.copying import Source
+
+        names = tool_names(req.messages)
+        results = [result_text(m, names) for m in req.messages if m["role"] == "tool"][-4:]
+        emit(("start",))
+        n_prompt = n_out = 0
+        for i, (tool, step) in enumerate(calls):
+            emit(("tool_call", i, new_id("call_"), tool.name))
+            sources = [Source("request", step)] + [Source("observation", r) for r in results]
+            attempts = len(self.agent.trace.of("args"))
+            args, problem, _, _ = self.agent.arguments(tool, step, results, sources)
+            events = self.agent.trace.of("args")[attempts:]
+            n_prompt += sum(e["prompt_tokens"] for e in events)
+            n_out += sum(len(self.tok.encode(e["text"])) for e in events)
+            if args is None:
+                raise ApiError(500, f"no valid arguments for {tool.name}: {problem}", "server_error", None,
+                               "invalid_arguments")
+            text = Detokenizer(self.tok)  # the arguments in the model's own token pieces
+            for t in self.tok.encode(events[-1]["text"]):
+                if piece := text.add(t):
+                    emit(("arguments", i, piece))
+        emit(("finish", "tool_calls", usage_of(n_prompt, n_out)))
+
+    def _context(self, ids: list[int]):
+        """The conversation context sharing the longest token prefix with `ids` (a new one while fewer than
+        `contexts` exist), moved to the end of the LRU order."""
+        from nexus_agent.memory import LiveContext, MemoryConfig
+
+        def common(live) -> int:
+            n = 0
+            for a, b in zip(live.ids, ids):
+                if a != b:
+                    break
+                n += 1
+            return n
+
+        best = max(self.contexts, key=common, default=None)
+        if best is None or (common(best) == 0 and len(self.contexts) < self.config.contexts):
+            best = LiveContext(self.backend, MemoryConfig(self.config.kv_budget), self.config.n_ctx)
+        else:
+            self.contexts.remove(best)
+        self.contexts.append(best)
+        return best
+
+    def _answer(self, req: ChatRequest, emit, cancelled) -> None:
+        from native.generate import SamplerConfig, stream_generate
+        from nexus_agent.constrained import GrammarMask, LoopGuard, schema_grammar
+
+        ids = self.tok.encode_chat(render_messages(req.messages))
+        room = self.config.n_ctx - len(ids)
+        max_new = req.max_tokens or min(DEFAULT_MAX_TOKENS, room)
+        if room < 1 or len(ids) + max_new > self.config.n_ctx:
+            raise ApiError(400, f"this model's context holds {self.config.n_ctx} tokens; the messages take "
+                                f"{len(ids)} and max_tokens asks for {max_new} more", "invalid_request_error",
+                           "messages", "context_length_exceeded")
+        procs = []
+        if req.json_schema is not None:
+            grammar = GrammarMask(self.tok, schema_grammar(req.json_schema))
+            if grammar.error:
+                raise ApiError(400, f"response_format schema not supported: {grammar.error}",
+                               param="response_format")
+            procs = [grammar, LoopGuard(self.tok)]
+        emit(("start",))
+        live = self._context(ids)
+        logits = live.prefill(ids)
+        live.begin_answer()
+        stop, out, finish = StopText(req.stop), [], None
+        sampler = SamplerConfig(req.temperature, req.top_p, req.seed if req.seed is not None else 0)
+        try:
+            for r in stream_generate(self.backend, ids, max_new, sampler, session=live.session,
+                                     logits_processors=procs, logits=logits):
+                if cancelled():
+                    return
+                if r.finish_reason == "stop":
+                    finish = "stop"
+                    break
+                out.append(r.token)
+                shown = stop.feed(r.text)
+                if shown:
+                    emit(("content", shown))
+                if stop.hit:
+                    finish = "stop"
+                    break
+                finish = r.finish_reason
+            if not stop.hit and (rest := stop.flush()):
+                emit(("content", rest))
+        finally:  # the cache holds the prompt and the tokens the session decoded (never the last yielded one)
+            live.ids = (ids + out)[: live.session.n_past]
+        emit(("finish", finish or "stop", usage_of(len(ids), len(out))))
+
+    def stats(self) -> dict:
+        return {"contexts": len(self.contexts), "context_tokens": [len(c.ids) for c in self.contexts],
+                "embedding_cache": len(self.vectors), "router_cache": len(self.routers),
+                "tools_embedded": self.embedded}
+
+    def close(self) -> None:
+        for live in self.contexts:
+            live.close()
+        self.agent.close()
+        self.backend.close()
+
+
+_WARMUP = {"name": "warm_up", "description": "say a word",
+           "inputSchema": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}
+

@@ -28,6 +28,7 @@ from nexus_agent.openai_api import ApiError, ToolCache, bad, chunk, completion, 
 from nexus_agent.serve_engine import Engine, EngineConfig
 
 log = logging.getLogger("nexus.serve")
+DRAIN_BYTES = 64 << 20  # an oversized body is read this far before the 413, then dropped
 POLL_S = 0.25  # how often a waiting request checks that its client is still there
 
 
@@ -125,15 +126,18 @@ def error_response(e: ApiError):
 
 
 async def _read_body(request, limit: int) -> bytes:
-    size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > limit:
-        raise ApiError(413, f"the request body is {size} bytes; this server accepts at most {limit}",
-                       code="request_too_large")
-    body = bytearray()
+    """The body, or ApiError 413 beyond `limit` bytes. An oversized body is read to its end (kept: nothing) up to
+    DRAIN_BYTES, so that a client still sending it gets the 413 instead of a broken pipe."""
+    body, size = bytearray(), 0
     async for part in request.stream():
-        body += part
-        if len(body) > limit:
-            raise ApiError(413, f"the request body exceeds {limit} bytes", code="request_too_large")
+        size += len(part)
+        if size <= limit:
+            body += part
+        elif size > DRAIN_BYTES:
+            break
+    if size > limit:
+        raise ApiError(413, f"the request body exceeds {limit} bytes, the most this server accepts "
+                            "(nexus serve --max-body-mb)", code="request_too_large")
     return bytes(body)
 
 

@@ -1,0 +1,63 @@
+"""A real `nexus serve` subprocess on a free 127.0.0.1 port over the packaged SmolLM2 and MiniLM, started once per
+test session (with an API key and a 1 MB body limit) and stopped by its PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from serve_helpers import API_KEY, ROOT, free_port
+
+READY_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="session")
+def serve_url(tmp_path_factory):
+    """The server's root URL, e.g. http://127.0.0.1:PORT (its API is under /v1)."""
+    port = free_port()
+    home = tmp_path_factory.mktemp("serve-home")
+    log = home / "server.log"
+    env = dict(os.environ, NEXUS_HOME=str(home), PYTHONPATH=str(ROOT), NEXUS_THREADS="1", OMP_NUM_THREADS="1",
+               OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "nexus_agent.cli", "serve", "--port", str(port), "--api-key", API_KEY,
+           "--max-body-mb", "1", "--n-ctx", "4096"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"nexus serve exited with {proc.returncode}: {log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if json.load(r)["status"] == "ok":
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"nexus serve not ready after {READY_TIMEOUT_S} s: {log.read_text()[-3000:]}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="session")
+def client(serve_url):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=f"{serve_url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+

@@ -1,0 +1,185 @@
+"""`nexus serve` end to end: the official openai client and raw HTTP against a real server subprocess over the
+packaged model (tests/serve/conftest.py)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import urllib.parse
+
+import jsonschema
+import pytest
+from serve_helpers import ADD, API_KEY, MULTIPLY, catalogue_tools, post, stats
+
+ASK = [{"role": "user", "content": "Add 12 and 30"}]
+
+
+def test_models_and_a_streamed_answer_through_the_openai_client(client):
+    assert [m.id for m in client.models.list().data] == ["smollm2"]
+    stream = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Name three primary colors."}], max_tokens=24,
+        stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert {c.object for c in chunks} == {"chat.completion.chunk"} and len({c.id for c in chunks}) == 1
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert text.strip() and finishes in (["stop"], ["length"])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert chunks[-1].usage.total_tokens == chunks[-1].usage.prompt_tokens + chunks[-1].usage.completion_tokens
+
+
+def test_a_tool_call_among_250_tools_then_the_answer_from_its_result(client, serve_url):
+    tools = catalogue_tools(249) + [ADD]
+    r = client.chat.completions.create(model="smollm2", messages=ASK, tools=tools)
+    choice = r.choices[0]
+    assert r.object == "chat.completion" and choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "add" and call.id.startswith("call_")
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, ADD["function"]["parameters"])
+    assert args == {"a": 12, "b": 30}
+    embedded = stats(serve_url)["tools_embedded"]
+    again = client.chat.completions.create(model="smollm2", messages=ASK, tools=tools)  # the same list: cached
+    assert again.choices[0].message.tool_calls[0].function.name == "add"
+    assert stats(serve_url)["tools_embedded"] == embedded
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": "42"}]
+    final = client.chat.completions.create(model="smollm2", messages=history, tools=tools, max_tokens=32)
+    assert final.choices[0].finish_reason in ("stop", "length")
+    assert not final.choices[0].message.tool_calls and final.choices[0].message.content.strip()
+
+
+def test_a_streamed_tool_call_arrives_as_tool_call_deltas(client):
+    stream = client.chat.completions.create(model="smollm2", messages=ASK, tools=catalogue_tools(49) + [ADD],
+                                            stream=True)
+    deltas = [c.choices[0] for c in stream if c.choices]
+    calls = [d.delta.tool_calls[0] for d in deltas if d.delta.tool_calls]
+    head, pieces = calls[0], calls[1:]
+    assert head.id and head.type == "function" and head.function.name == "add" and head.function.arguments == ""
+    assert pieces and all(p.index == 0 and p.id is None for p in pieces)
+    jsonschema.validate(json.loads("".join(p.function.arguments for p in pieces)), ADD["function"]["parameters"])
+    assert deltas[-1].finish_reason == "tool_calls"
+
+
+def test_tool_choice_none_named_and_required(client):
+    tools = [ADD, MULTIPLY]
+    plain = client.chat.completions.create(model="smollm2", messages=ASK, tools=tools, tool_choice="none",
+                                           max_tokens=16)
+    assert not plain.choices[0].message.tool_calls and plain.choices[0].finish_reason != "tool_calls"
+    named = client.chat.completions.create(model="smollm2", messages=ASK, tools=tools,
+                                           tool_choice={"type": "function", "function": {"name": "multiply"}})
+    (call,) = named.choices[0].message.tool_calls
+    assert call.function.name == "multiply"
+    jsonschema.validate(json.loads(call.function.arguments), MULTIPLY["function"]["parameters"])
+    chat = [{"role": "user", "content": "Hello! How are you today?"}]
+    forced = client.chat.completions.create(model="smollm2", messages=chat, tools=tools, tool_choice="required")
+    assert forced.choices[0].finish_reason == "tool_calls" and forced.choices[0].message.tool_calls
+
+
+def test_response_format_json_schema_gives_schema_valid_json(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                               "country": {"type": "string", "maxLength": 40}},
+              "required": ["city", "country"]}
+    r = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Give the capital of France and its country."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}}, max_tokens=60)
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    r = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Give the capital of Italy as JSON."}],
+        response_format={"type": "json_object"}, max_tokens=60)
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def _error(status_body, status, code=None, param=None):
+    got, body = status_body
+    assert got == status, body
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    if code is not None:
+        assert body["error"]["code"] == code
+    if param is not None:
+        assert body["error"]["param"] == param
+    return body["error"]
+
+
+def test_bad_requests_get_openai_error_shapes(serve_url):
+    _error(post(serve_url, b'{"model": "smollm2", "messages": ['), 400, "invalid_json")
+    _error(post(serve_url, {"model": "gpt-9", "messages": ASK}), 404, "model_not_found", "model")
+    _error(post(serve_url, {"model": "smollm2"}), 400, param="messages")
+    _error(post(serve_url, {"model": "smollm2", "messages": []}), 400, param="messages")
+    bad_tool = {"type": "function", "function": {"name": "broken", "parameters": {
+        "type": "object", "properties": {"x": {"type": "strnig"}}}}}
+    e = _error(post(serve_url, {"model": "smollm2", "messages": ASK, "tools": [ADD, bad_tool]}), 400,
+               "invalid_tool_schema")
+    assert "'broken'" in e["message"] and "$.tools[1].function.parameters.properties.x.type" in e["message"]
+    long = [{"role": "user", "content": "word " * 5000}]
+    _error(post(serve_url, {"model": "smollm2", "messages": long}), 400, "context_length_exceeded")
+    _error(post(serve_url, {"model": "smollm2", "messages": ASK}, key=None), 401, "invalid_api_key")
+    _error(post(serve_url, {"model": "smollm2", "messages": ASK}, key="sk-wrong"), 401, "invalid_api_key")
+    _error(post(serve_url, b"{" + b" " * (1 << 20) + b"}"), 413, "request_too_large")
+    _error(post(serve_url, {"model": "smollm2", "messages": ASK, "temperature": "hot"}), 400, param="temperature")
+    _error(post(serve_url, {}, path="/v1/nope"), 404, "not_found")
+    ok, _ = post(serve_url, {"model": "smollm2", "messages": ASK, "max_tokens": 4})
+    assert ok == 200  # the errors above left the server serving
+
+
+def _stream(serve_url: str, body: dict, close_after: int | None = None) -> list[str]:
+    """The SSE `data:` payloads of one streamed request; `close_after`: drop the connection after that many."""
+    u = urllib.parse.urlparse(serve_url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    conn.request("POST", "/v1/chat/completions", json.dumps(dict(body, stream=True)),
+                 {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    out = []
+    for line in resp:
+        if line.startswith(b"data: "):
+            out.append(line[6:].strip().decode())
+            if close_after is not None and len(out) >= close_after:
+                conn.sock.close()
+                conn.close()
+                return out
+    conn.close()
+    return out
+
+
+def test_concurrent_clients_all_get_answers_and_a_dropped_stream_frees_its_slot(serve_url):
+    long = {"model": "smollm2", "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+            "max_tokens": 400}
+    dropped = _stream(serve_url, long, close_after=3)
+    assert len(dropped) == 3
+    results, errors = {}, []
+
+    def ask(i):
+        try:
+            body = {"model": "smollm2", "messages": [{"role": "user", "content": f"Say the number {i}."}],
+                    "max_tokens": 12}
+            results[i] = _stream(serve_url, body)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and sorted(results) == [0, 1, 2]
+    assert all(r[-1] == "[DONE]" and json.loads(r[-2])["choices"][0]["finish_reason"] for r in results.values())
+    assert time.monotonic() - t0 < 8  # the dropped 400-token story (>= 10 s here) did not run to its end first
+    deadline = time.monotonic() + 10
+    while (s := stats(serve_url))["jobs"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert s["jobs"] == s["active"] == s["queued"] == 0 and s["cancelled"] >= 1
+
+
+@pytest.mark.parametrize("stops,piece,shown", [(["END"], ["abc E", "N", "D tail"], "abc "),
+                                                (["x"], ["no stop here"], "no stop here")])
+def test_stop_strings_hold_back_a_possible_start(stops, piece, shown):
+    from nexus_agent.openai_api import StopText
+
+    s = StopText(stops)
+    out = "".join(s.feed(p) for p in piece)
+    assert out + ("" if s.hit else s.flush()) == shown

@@ -1,0 +1,75 @@
+"""Helpers for the `nexus serve` tests and their load test: free ports, OpenAI tools (gold ones and catalogue
+distractors), raw POSTs and the server's stats."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "routing"
+API_KEY = "sk-nexus-test"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def function(name: str, description: str, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+
+
+ADD = function("add", "Add two numbers and return their sum.",
+               {"type": "object", "properties": {"a": {"type": "number", "description": "first addend"},
+                                                 "b": {"type": "number", "description": "second addend"}},
+                "required": ["a", "b"]})
+MULTIPLY = function("multiply", "Multiply two numbers.",
+                    {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+                     "required": ["x", "y"]})
+
+
+def catalogue_tools(n: int, skip: set[str] = frozenset({"add", "multiply"})) -> list[dict]:
+    """The first `n` catalogue tools the registry accepts (none named like the gold tools), as OpenAI tools."""
+    from registry.model import Tool
+
+    if not (DATA / "tools.jsonl").exists():
+        pytest.skip("public routing catalogue not present")
+    out = []
+    for line in (DATA / "tools.jsonl").read_text().splitlines():
+        t = json.loads(line)
+        if t["name"] in skip:
+            continue
+        try:
+            Tool.from_mcp(t)
+        except ValueError:
+            continue
+        out.append(function(t["name"], t.get("description", ""), t["inputSchema"]))
+        if len(out) == n:
+            return out
+    raise AssertionError(f"the catalogue holds fewer than {n} valid tools")
+
+
+def stats(serve_url: str) -> dict:
+    with urllib.request.urlopen(f"{serve_url}/v1/nexus/stats", timeout=10) as r:
+        return json.load(r)
+
+
+def post(serve_url: str, body: bytes | dict, key: str | None = API_KEY, path: str = "/v1/chat/completions"):
+    """(status, decoded JSON body) of a raw POST."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(f"{serve_url}{path}", data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())

@@ -210,8 +210,8 @@ class Engine:
         emit(("finish", "tool_calls", usage_of(n_prompt, n_out)))
 
     def _context(self, ids: list[int]):
-        """The conversation context sharing the longest token prefix with `ids` (a new one while fewer than
-        `contexts` exist), moved to the end of the LRU order."""
+        """The conversation context sharing the longest token prefix with `ids`; a new one instead, while fewer
+        than `contexts` exist, when that context would lose cached tokens (another conversation's)."""
         from nexus_agent.memory import LiveContext, MemoryConfig
 
         def common(live) -> int:
@@ -223,7 +223,7 @@ class Engine:
             return n
 
         best = max(self.contexts, key=common, default=None)
-        if best is None or (common(best) == 0 and len(self.contexts) < self.config.contexts):
+        if best is None or (common(best) < len(best.ids) and len(self.contexts) < self.config.contexts):
             best = LiveContext(self.backend, MemoryConfig(self.config.kv_budget), self.config.n_ctx)
         else:
             self.contexts.remove(best)

@@ -3,9 +3,11 @@ distractors), raw POSTs and the server's stats."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -73,3 +75,23 @@ def post(serve_url: str, body: bytes | dict, key: str | None = API_KEY, path: st
             return r.status, json.load(r)
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def stream_events(serve_url: str, body: dict, close_after: int | None = None) -> list[str]:
+    """The SSE `data:` payloads of one streamed request; `close_after`: drop the connection after that many."""
+    u = urllib.parse.urlparse(serve_url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    conn.request("POST", "/v1/chat/completions", json.dumps(dict(body, stream=True)),
+                 {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    out = []
+    for line in resp:
+        if line.startswith(b"data: "):
+            out.append(line[6:].strip().decode())
+            if close_after is not None and len(out) >= close_after:
+                conn.sock.close()
+                conn.close()
+                return out
+    conn.close()
+    return out

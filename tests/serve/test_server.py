@@ -3,15 +3,13 @@ packaged model (tests/serve/conftest.py)."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import time
-import urllib.parse
 
 import jsonschema
 import pytest
-from serve_helpers import ADD, API_KEY, MULTIPLY, catalogue_tools, post, stats
+from serve_helpers import ADD, MULTIPLY, catalogue_tools, post, stats, stream_events
 
 ASK = [{"role": "user", "content": "Add 12 and 30"}]
 
@@ -125,30 +123,10 @@ def test_bad_requests_get_openai_error_shapes(serve_url):
     assert ok == 200  # the errors above left the server serving
 
 
-def _stream(serve_url: str, body: dict, close_after: int | None = None) -> list[str]:
-    """The SSE `data:` payloads of one streamed request; `close_after`: drop the connection after that many."""
-    u = urllib.parse.urlparse(serve_url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
-    conn.request("POST", "/v1/chat/completions", json.dumps(dict(body, stream=True)),
-                 {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
-    resp = conn.getresponse()
-    assert resp.status == 200
-    out = []
-    for line in resp:
-        if line.startswith(b"data: "):
-            out.append(line[6:].strip().decode())
-            if close_after is not None and len(out) >= close_after:
-                conn.sock.close()
-                conn.close()
-                return out
-    conn.close()
-    return out
-
-
 def test_concurrent_clients_all_get_answers_and_a_dropped_stream_frees_its_slot(serve_url):
     long = {"model": "smollm2", "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
             "max_tokens": 400}
-    dropped = _stream(serve_url, long, close_after=3)
+    dropped = stream_events(serve_url, long, close_after=3)
     assert len(dropped) == 3
     results, errors = {}, []
 
@@ -156,7 +134,7 @@ def test_concurrent_clients_all_get_answers_and_a_dropped_stream_frees_its_slot(
         try:
             body = {"model": "smollm2", "messages": [{"role": "user", "content": f"Say the number {i}."}],
                     "max_tokens": 12}
-            results[i] = _stream(serve_url, body)
+            results[i] = stream_events(serve_url, body)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 

@@ -1,0 +1,90 @@
+"""A bounded load test of `nexus serve`: 4 concurrent streaming clients for ~60 s (answers and tool calls), while
+client subprocesses are killed mid-stream; no request fails, the server is not wedged, and afterwards it reports
+no job, active generation or queued request left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from serve_helpers import ADD, API_KEY, catalogue_tools, stats, stream_events
+
+DURATION_S = 60
+CLIENTS = 4
+
+KILLED_CLIENT = """
+import http.client, json, sys
+conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=120)
+body = {"model": "smollm2", "stream": True, "max_tokens": 400,
+        "messages": [{"role": "user", "content": "Write a very long story about a lighthouse."}]}
+conn.request("POST", "/v1/chat/completions", json.dumps(body),
+             {"Content-Type": "application/json", "Authorization": "Bearer " + sys.argv[2]})
+resp = conn.getresponse()
+n = 0
+for line in resp:
+    if line.startswith(b"data: "):
+        n += 1
+        if n == 3:
+            print("streaming", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_four_streaming_clients_for_a_minute_with_killed_clients(serve_url):
+    tools = catalogue_tools(49) + [ADD]
+    bodies = [
+        {"model": "smollm2", "messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 24},
+        {"model": "smollm2", "messages": [{"role": "user", "content": "Add 12 and 30"}], "tools": tools},
+    ]
+    done, failures, latencies = [], [], []
+    stop_at = time.monotonic() + DURATION_S
+
+    def client(i: int) -> None:
+        k = i
+        while time.monotonic() < stop_at:
+            body = bodies[k % len(bodies)]
+            k += 1
+            t0 = time.monotonic()
+            try:
+                events = stream_events(serve_url, body)
+                last = json.loads(events[-2])
+                assert events[-1] == "[DONE]" and last["choices"][0]["finish_reason"] in ("stop", "length",
+                                                                                        "tool_calls"), events[-3:]
+                done.append(body is bodies[1])
+                latencies.append(time.monotonic() - t0)
+            except Exception as e:  # noqa: BLE001 - every failure is reported below
+                failures.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    port = serve_url.rsplit(":", 1)[1]
+    killed = 0
+    while time.monotonic() < stop_at - 15:
+        proc = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, port, API_KEY], stdout=subprocess.PIPE)
+        line = proc.stdout.readline()  # it waits in the queue, then streams
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        proc.stdout.close()
+        killed += line.strip() == b"streaming"
+        time.sleep(5)
+    for t in threads:
+        t.join(180)
+    assert not failures, failures[:5]
+    assert killed >= 2 and len(done) >= 8 and any(done) and not all(done)
+    deadline = time.monotonic() + 15
+    while (s := stats(serve_url))["jobs"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert s["jobs"] == s["active"] == s["queued"] == 0, s
+    assert s["cancelled"] >= killed and s["failed"] == 0, s
+    after = stream_events(serve_url, bodies[0])
+    assert after[-1] == "[DONE]"
+    latencies.sort()
+    print(f"\n{len(done)} requests in {DURATION_S} s by {CLIENTS} clients ({sum(done)} tool calls), {killed} clients "
+          f"killed mid-stream; latency p50 {latencies[len(latencies) // 2]:.2f} s, max {latencies[-1]:.2f} s; {s}")

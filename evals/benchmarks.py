@@ -16,7 +16,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from evals import agent, arguments, backends, eviction, eviction_report, routing, scan, splice
+from evals import agent, arguments, backends, eviction, eviction_report, routing, scan, serve, splice
 from evals.render import Figure
 
 SIZES = ("full", "quick", "tiny")
@@ -129,6 +129,17 @@ BENCHMARKS: list[Benchmark] = [
         quick_plan=("--data", "{data}/../arguments/arguments.jsonl", "--quick", "--catalog", "{data}/tools.jsonl"),
         tiny_plan=("--data", "{data}/../arguments/arguments.jsonl", "--per-category", "1", "--sizes", "",
                    "--catalog", "{data}/tools.jsonl")),
+    Benchmark(
+        name="serve", title="Serving (`nexus serve`)",
+        blurb="Tool calls over HTTP, streamed: `nexus serve` against llama-cpp-python's OpenAI server "
+              "(`--chat_format chatml-function-calling`, n_ctx 8192) on the same GGUF, for `tools` lists of 10 to "
+              "1,000 catalogue tools; the same list sent twice; 4 concurrent clients. A peer failure is a failure.",
+        add_arguments=serve.add_arguments, run=serve.run, table=serve.table, figures=serve.FIGURES,
+        plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50,250,1000"),
+        quick_plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,250",
+                    "--requests", "2"),
+        tiny_plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10",
+                   "--requests", "1", "--no-peer", "--clients", "2", "--throughput-requests", "1")),
 ]
 
 

@@ -1,0 +1,315 @@
+"""`nexus serve` against llama-cpp-python's own OpenAI server on the same GGUF, over HTTP, streamed.
+
+Both servers are started by this eval as subprocesses on free 127.0.0.1 ports (one thread each; ours: `nexus serve`;
+the peer: `python -m llama_cpp.server --chat_format chatml-function-calling --n_ctx 8192`) and killed by PID at
+the end. Requests are public routing queries (queries.jsonl) with their gold tool inside a `tools` list of N
+catalogue tools (N = 10 / 50 / 250 / 1000; each size takes its own distractors, so the first request of a size
+meets tools neither server has seen), `tool_choice: "auto"`, `stream: true`; the same requests go to both.
+
+Per request: time to the first tool-call byte (the first SSE chunk carrying `delta.tool_calls`) and to the
+complete tool call (the chunk with `finish_reason`), whether a tool was called, whether it was the gold one,
+whether its arguments parse and validate against that tool's schema. The first request of each size is sent
+twice: the repeat shows what the schema cache saves (ours embeds and indexes a tool list once). Throughput: 4
+clients at once, each sending requests over the 10-tool lists. A peer request that fails (its prompt of every
+schema overflows the context, or an error) is counted as a failure with its message, never as a zero time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from evals.render import Figure, md_table, pct, pyplot
+
+READY_TIMEOUT_S = 180
+SERVERS = ("nexus", "llama_cpp")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--catalog", required=True, metavar="FILE", help="JSONL of MCP tools (the public tools.jsonl)")
+    p.add_argument("--queries", required=True, metavar="FILE", help="JSONL of {query, gold_tool} (queries.jsonl)")
+    p.add_argument("--sizes", default="10,50,250,1000")
+    p.add_argument("--requests", type=int, default=4, help="queries per size (default 4)")
+    p.add_argument("--clients", type=int, default=4, help="concurrent clients in the throughput run")
+    p.add_argument("--throughput-requests", type=int, default=3, help="requests per client in the throughput run")
+    p.add_argument("--no-peer", action="store_true", help="measure nexus serve only")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(cmd: list[str], port: int, log: Path, env: dict) -> subprocess.Popen:
+    """Start a server and wait until its /v1/models answers."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[2]} exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/v1/models")
+            if c.getresponse().status == 200:
+                return proc
+        except OSError:
+            pass
+        time.sleep(0.5)
+    _stop(proc)
+    raise RuntimeError(f"{' '.join(cmd[:3])} not ready after {READY_TIMEOUT_S} s: {log.read_text()[-2000:]}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+
+
+def stream_request(port: int, body: dict, timeout: float) -> dict:
+    """One streamed chat request: ms to the first tool-call chunk and to the finish, the call, or the error."""
+    out = {"first_tool_ms": None, "complete_ms": None, "tool": None, "arguments": "", "finish": None,
+           "content": "", "error": None}
+    t0 = time.perf_counter()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            out["error"] = f"HTTP {resp.status}: {resp.read().decode('utf-8', 'replace')[:300]}"
+            return out
+        for line in resp:
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                out["error"] = f"stream error: {json.dumps(event['error'])[:300]}"
+                break
+            for choice in event.get("choices") or []:
+                delta = choice.get("delta") or {}
+                for call in delta.get("tool_calls") or []:
+                    if out["first_tool_ms"] is None:
+                        out["first_tool_ms"] = (time.perf_counter() - t0) * 1e3
+                    fn = call.get("function") or {}
+                    if call.get("index", 0) == 0:
+                        out["tool"] = out["tool"] or fn.get("name")
+                        out["arguments"] += fn.get("arguments") or ""
+                out["content"] += delta.get("content") or ""
+                if choice.get("finish_reason"):
+                    out["finish"] = choice["finish_reason"]
+                    out["complete_ms"] = (time.perf_counter() - t0) * 1e3
+        conn.close()
+    except (OSError, ValueError) as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _valid(args_text: str, schema: dict) -> bool:
+    import jsonschema
+
+    try:
+        value = json.loads(args_text)
+        jsonschema.validate(value, schema)
+    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
+        return False
+    return isinstance(value, dict)
+
+
+def _openai_tool(t) -> dict:
+    return {"type": "function", "function": {"name": t.name, "description": t.description,
+                                             "parameters": t.input_schema}}
+
+
+def _workload(args) -> tuple[dict[int, list[dict]], dict]:
+    """Per size: requests (query, gold, tool list); and every tool's schema by name."""
+    import numpy as np
+
+    from registry.model import Tool
+    from registry.sources import load_tool_file
+
+    tools = {}
+    for t in load_tool_file(args.catalog):
+        try:
+            tool = Tool.from_mcp(t)
+        except ValueError:
+            continue
+        tools.setdefault(tool.name, tool)
+    queries = [json.loads(x) for x in Path(args.queries).read_text().splitlines() if x.strip()]
+    rng = np.random.default_rng(args.seed)
+    queries = [queries[i] for i in rng.permutation(len(queries)) if queries[i]["gold_tool"] in tools]
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    golds = {q["gold_tool"] for q in queries[: args.requests * len(sizes)]}
+    pool = [n for n in rng.permutation(sorted(tools)) if n not in golds]
+    if sum(sizes) > len(pool):
+        raise ValueError(f"sizes {args.sizes} need {sum(sizes)} distractors; the catalogue has {len(pool)}")
+    plan, start = {}, 0
+    for k, size in enumerate(sizes):
+        distractors, start = pool[start:start + size - 1], start + size - 1
+        rows = []
+        for q in queries[k * args.requests:(k + 1) * args.requests]:
+            names = distractors + [q["gold_tool"]]
+            order = rng.permutation(len(names))
+            rows.append({"query": q["query"], "gold": q["gold_tool"],
+                         "tools": [_openai_tool(tools[names[i]]) for i in order]})
+        plan[size] = rows
+    return plan, tools
+
+
+def _body(model: str, row: dict) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": row["query"]}], "tools": row["tools"],
+            "tool_choice": "auto", "stream": True, "max_tokens": 256, "temperature": 0}
+
+
+def _summary(rows: list[dict]) -> dict:
+    ok = [r for r in rows if r["error"] is None]
+    calls = [r for r in ok if r["tool"]]
+
+    def med(key):
+        vals = [r[key] for r in calls if r[key] is not None]
+        return round(statistics.median(vals), 1) if vals else None
+
+    return {"requests": len(rows), "failures": len(rows) - len(ok),
+            "errors": sorted({r["error"][:160] for r in rows if r["error"]})[:3],
+            "called": len(calls) / len(ok) if ok else None,
+            "gold": sum(r["tool"] == r["gold"] for r in calls) / len(ok) if ok else None,
+            "args_valid": sum(r["valid"] for r in calls) / len(calls) if calls else None,
+            "first_tool_ms": med("first_tool_ms"), "complete_ms": med("complete_ms")}
+
+
+def _measure(name: str, port: int, model: str, plan: dict, tools: dict, args) -> dict:
+    out = {"sizes": {}}
+    for size, rows in plan.items():
+        done, out["sizes"][str(size)] = [], {}
+        for k, row in enumerate(rows):
+            r = stream_request(port, _body(model, row), args.timeout)
+            schema = tools[r["tool"]].input_schema if r["tool"] in tools else None
+            r.update(gold=row["gold"], query=row["query"], valid=schema is not None and _valid(r["arguments"], schema))
+            done.append(r)
+            if k == 0:  # the same list again: what a repeated tool list costs
+                again = stream_request(port, _body(model, row), args.timeout)
+                cold, warm = r["complete_ms"], again["complete_ms"]
+                out["sizes"][str(size)].update(
+                    cold_ms=None if r["error"] else round(cold or 0, 1),
+                    repeat_ms=None if again["error"] else round(warm or 0, 1), repeat_error=again["error"])
+            print(f"  {name} {size} tools: {r['tool']} (gold {row['gold']}) first {r['first_tool_ms']} "
+                  f"complete {r['complete_ms']} error {r['error']}", file=sys.stderr, flush=True)
+        out["sizes"][str(size)].update(_summary(done), rows=[{k: v for k, v in r.items() if k != "content"}
+                                                              for r in done])
+    out["throughput"] = _throughput(port, model, plan[min(plan)], args)
+    return out
+
+
+def _throughput(port: int, model: str, rows: list[dict], args) -> dict:
+    """`clients` threads at once, each sending `throughput_requests` streamed requests."""
+    results: list[dict] = []
+
+    def client(i: int) -> None:
+        for j in range(args.throughput_requests):
+            results.append(stream_request(port, _body(model, rows[(i + j) % len(rows)]), args.timeout))
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ok = [r for r in results if r["error"] is None]
+    return {"clients": args.clients, "requests": len(results), "failures": len(results) - len(ok),
+            "errors": sorted({r["error"][:160] for r in results if r["error"]})[:3], "wall_s": round(wall, 2),
+            "requests_per_s": round(len(ok) / wall, 3) if ok else None}
+
+
+def run(args: argparse.Namespace) -> dict:
+    for flag, path in (("--catalog", args.catalog), ("--queries", args.queries)):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{flag} {path}: no such file")
+    import tempfile
+
+    from native.model_files import default_model_path
+
+    plan, tools = _workload(args)
+    gguf = default_model_path()
+    env = dict(os.environ, NEXUS_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    result = {"sizes": sorted(plan), "requests": args.requests, "seed": args.seed, "model": os.path.basename(gguf),
+              "servers": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        env["NEXUS_HOME"] = tmp
+        commands = {"nexus": lambda p: [sys.executable, "-m", "nexus_agent.cli", "serve", "--port", str(p),
+                                        "--max-body-mb", "64"],
+                    "llama_cpp": lambda p: [sys.executable, "-m", "llama_cpp.server", "--model", gguf,
+                                            "--chat_format", "chatml-function-calling", "--n_ctx", "8192",
+                                            "--n_threads", "1", "--n_threads_batch", "1", "--host", "127.0.0.1",
+                                            "--port", str(p)]}
+        for name in SERVERS[:1] if args.no_peer else SERVERS:
+            port = _free_port()
+            proc = _start(commands[name](port), port, Path(tmp) / f"{name}.log", env)
+            try:
+                model = "smollm2" if name == "nexus" else gguf
+                result["servers"][name] = _measure(name, port, model, plan, tools, args)
+            finally:
+                _stop(proc)
+    print(table(result))
+    return result
+
+
+def table(r: dict) -> str:
+    """Markdown: per server and tool-list size, time to the first tool-call byte and to the complete call, the
+    cold vs repeated tool list, gold-tool and valid-argument rates, failures; then throughput."""
+    rows = []
+    for name, s in r["servers"].items():
+        for size in sorted(s["sizes"], key=int):
+            x = s["sizes"][size]
+            fail = f"{x['failures']}/{x['requests']}" + (f" ({x['errors'][0][:60]})" if x["errors"] else "")
+            rows.append([name, size, x["first_tool_ms"], x["complete_ms"], x.get("cold_ms"), x.get("repeat_ms"),
+                         pct(x["called"]), pct(x["gold"]), pct(x["args_valid"]), fail])
+    out = md_table(["server", "tools", "first tool byte (ms)", "complete call (ms)", "first list (ms)",
+                    "same list again (ms)", "called", "gold tool", "args valid", "failed"], rows)
+    tp = [[n, s["throughput"]["clients"], s["throughput"]["requests"], s["throughput"]["wall_s"],
+           s["throughput"]["requests_per_s"], s["throughput"]["failures"]] for n, s in r["servers"].items()]
+    return out + "\n\n" + md_table(["server", "clients", "requests", "wall (s)", "requests/s", "failed"], tp)
+
+
+def latency_figure(r: dict):
+    """Median time to the complete tool call per tool-list size, per server (failed sizes are marked, not 0)."""
+    if not r.get("servers"):
+        return None
+    fig, ax = pyplot().subplots(figsize=(7, 4.5))
+    for name, s in r["servers"].items():
+        sizes = sorted(s["sizes"], key=int)
+        pts = [(int(n), s["sizes"][n]["complete_ms"]) for n in sizes if s["sizes"][n]["complete_ms"] is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=f"{name}: complete tool call")
+        pts = [(int(n), s["sizes"][n]["first_tool_ms"]) for n in sizes if s["sizes"][n]["first_tool_ms"] is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="x", linestyle="--", label=f"{name}: first tool-call byte")
+        failed = [int(n) for n in sizes if s["sizes"][n]["complete_ms"] is None]
+        for n in failed:
+            ax.axvline(n, color="red", alpha=0.25)
+            ax.annotate(f"{name} failed", (n, 1), rotation=90, fontsize=7, color="red", va="bottom")
+    ax.set(xscale="log", yscale="log", xlabel="tools in the request", ylabel="ms (median, streamed)",
+           title="Tool call over HTTP: nexus serve vs llama_cpp.server")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return fig
+
+
+FIGURES = (Figure("serve.png", latency_figure),)

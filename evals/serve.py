@@ -173,8 +173,14 @@ def _workload(args) -> tuple[dict[int, list[dict]], dict]:
     return plan, tools
 
 
+SYSTEM = "You are a helpful assistant. Call a function when one fits the request."
+
+
 def _body(model: str, row: dict) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": row["query"]}], "tools": row["tools"],
+    """The request both servers get. The system message matters to the peer: chatml-function-calling renders
+    the function list inside the system turn, so without one the peer's model never sees the tools."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": row["query"]}]
+    return {"model": model, "messages": messages, "tools": row["tools"],
             "tool_choice": "auto", "stream": True, "max_tokens": 256, "temperature": 0}
 
 

@@ -161,3 +161,19 @@ def test_stop_strings_hold_back_a_possible_start(stops, piece, shown):
     s = StopText(stops)
     out = "".join(s.feed(p) for p in piece)
     assert out + ("" if s.hit else s.flush()) == shown
+
+
+def test_steps_are_called_one_per_reply_or_all_at_once(client):
+    ask = [{"role": "user", "content": "Add 12 and 30, then multiply the result by 3"}]
+    tools = [ADD, MULTIPLY] + catalogue_tools(20)
+    both = client.chat.completions.create(model="smollm2", messages=ask, tools=tools).choices[0].message.tool_calls
+    assert [c.function.name for c in both] == ["add", "multiply"] and len({c.id for c in both}) == 2
+    first = client.chat.completions.create(model="smollm2", messages=ask, tools=tools, parallel_tool_calls=False)
+    (call,) = first.choices[0].message.tool_calls
+    assert call.function.name == "add"
+    history = ask + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": "42"}]
+    second = client.chat.completions.create(model="smollm2", messages=history, tools=tools, parallel_tool_calls=False)
+    (call,) = second.choices[0].message.tool_calls
+    assert call.function.name == "multiply"
+    assert json.loads(call.function.arguments) == {"x": 42, "y": 3}  # 42 copied from the tool result

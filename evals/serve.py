@@ -7,11 +7,12 @@ catalogue tools (N = 10 / 50 / 250 / 1000; each size takes its own distractors, 
 meets tools neither server has seen), `tool_choice: "auto"`, `stream: true`; the same requests go to both.
 
 Per request: time to the first tool-call byte (the first SSE chunk carrying `delta.tool_calls`) and to the
-complete tool call (the chunk with `finish_reason`), whether a tool was called, whether it was the gold one,
+complete tool call (the chunk with `finish_reason`), whether a tool was called, whether it was the gold one, and
 whether its arguments parse and validate against that tool's schema. The first request of each size is sent
-twice: the repeat shows what the schema cache saves (ours embeds and indexes a tool list once). Throughput: 4
-clients at once, each sending requests over the 10-tool lists. A peer request that fails (its prompt of every
-schema overflows the context, or an error) is counted as a failure with its message, never as a zero time.
+twice (timed to the end of the reply, call or not): the repeat shows what the schema cache saves (ours embeds
+and indexes a tool list once). Throughput: 4 clients at once, each sending requests over the 10-tool lists. A
+peer request that fails (its prompt of every schema overflows the context, or an error) is counted as a
+failure with its message, never as a zero time.
 """
 
 from __future__ import annotations
@@ -84,10 +85,12 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=20)
 
 
-def stream_request(port: int, body: dict, timeout: float) -> dict:
-    """One streamed chat request: ms to the first tool-call chunk and to the finish, the call, or the error."""
-    out = {"first_tool_ms": None, "complete_ms": None, "tool": None, "arguments": "", "finish": None,
-           "content": "", "error": None}
+def chat_request(port: int, body: dict, timeout: float) -> dict:
+    """One chat request, streamed when body["stream"]: ms to the first tool-call chunk and to the finish (the
+    response, non-streamed), the reply's first call, or the error. A stream that ends without a finish_reason
+    (the server dropped it) is an error."""
+    out = {"first_tool_ms": None, "complete_ms": None, "end_ms": None, "tool": None, "arguments": "",
+           "finish": None, "content": "", "error": None}
     t0 = time.perf_counter()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -95,6 +98,16 @@ def stream_request(port: int, body: dict, timeout: float) -> dict:
         resp = conn.getresponse()
         if resp.status != 200:
             out["error"] = f"HTTP {resp.status}: {resp.read().decode('utf-8', 'replace')[:300]}"
+            return out
+        if not body.get("stream"):
+            reply = json.loads(resp.read())
+            out["end_ms"] = out["complete_ms"] = (time.perf_counter() - t0) * 1e3
+            choice = reply["choices"][0]
+            calls = choice["message"].get("tool_calls") or []
+            out["finish"], out["content"] = choice.get("finish_reason"), choice["message"].get("content") or ""
+            if calls:
+                out["first_tool_ms"] = out["complete_ms"]
+                out["tool"], out["arguments"] = calls[0]["function"]["name"], calls[0]["function"]["arguments"]
             return out
         for line in resp:
             if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
@@ -116,10 +129,27 @@ def stream_request(port: int, body: dict, timeout: float) -> dict:
                 if choice.get("finish_reason"):
                     out["finish"] = choice["finish_reason"]
                     out["complete_ms"] = (time.perf_counter() - t0) * 1e3
+        out["end_ms"] = (time.perf_counter() - t0) * 1e3  # the whole reply, [DONE] included
+        if out["finish"] is None and out["error"] is None:
+            out["error"] = "the stream ended without a finish_reason (the server dropped it; see server_errors)"
         conn.close()
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, KeyError, IndexError) as e:
         out["error"] = f"{type(e).__name__}: {e}"
     return out
+
+
+def server_errors(log: Path) -> dict[str, int]:
+    """The exceptions a server logged (`ValueError: Requested tokens (34477) exceed context window of 8192`), with
+    how often: a server that drops a stream says why only in its log."""
+    import re
+
+    counts: dict[str, int] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.match(r"^(?:\s*\|\s*)?([A-Za-z_.]*(?:Error|Exception)): (.+)$", line)
+        if m:
+            key = re.sub(r"\(\d+\)", "(N)", f"{m.group(1)}: {m.group(2)}")[:200]
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def _valid(args_text: str, schema: dict) -> bool:
@@ -165,10 +195,9 @@ def _workload(args) -> tuple[dict[int, list[dict]], dict]:
         distractors, start = pool[start:start + size - 1], start + size - 1
         rows = []
         for q in queries[k * args.requests:(k + 1) * args.requests]:
-            names = distractors + [q["gold_tool"]]
-            order = rng.permutation(len(names))
-            rows.append({"query": q["query"], "gold": q["gold_tool"],
-                         "tools": [_openai_tool(tools[names[i]]) for i in order]})
+            at = int(rng.integers(0, size))  # one fixed distractor order per size: a client's list is stable
+            names = distractors[:at] + [q["gold_tool"]] + distractors[at:]
+            rows.append({"query": q["query"], "gold": q["gold_tool"], "tools": [_openai_tool(tools[n]) for n in names]})
         plan[size] = rows
     return plan, tools
 
@@ -176,12 +205,12 @@ def _workload(args) -> tuple[dict[int, list[dict]], dict]:
 SYSTEM = "You are a helpful assistant. Call a function when one fits the request."
 
 
-def _body(model: str, row: dict) -> dict:
+def _body(model: str, row: dict, stream: bool = True) -> dict:
     """The request both servers get. The system message matters to the peer: chatml-function-calling renders
     the function list inside the system turn, so without one the peer's model never sees the tools."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": row["query"]}]
     return {"model": model, "messages": messages, "tools": row["tools"],
-            "tool_choice": "auto", "stream": True, "max_tokens": 256, "temperature": 0}
+            "tool_choice": "auto", "stream": stream, "max_tokens": 256, "temperature": 0}
 
 
 def _summary(rows: list[dict]) -> dict:
@@ -200,36 +229,43 @@ def _summary(rows: list[dict]) -> dict:
             "first_tool_ms": med("first_tool_ms"), "complete_ms": med("complete_ms")}
 
 
+MODES = ("streamed", "non_streamed")
+
+
 def _measure(name: str, port: int, model: str, plan: dict, tools: dict, args) -> dict:
-    out = {"sizes": {}}
+    """Per mode and size: every request's row and their summary; the first request is sent twice."""
+    out = {mode: {} for mode in MODES}
     for size, rows in plan.items():
-        done, out["sizes"][str(size)] = [], {}
+        done = {mode: [] for mode in MODES}
+        cells = {mode: out[mode].setdefault(str(size), {}) for mode in MODES}
         for k, row in enumerate(rows):
-            r = stream_request(port, _body(model, row), args.timeout)
-            schema = tools[r["tool"]].input_schema if r["tool"] in tools else None
-            r.update(gold=row["gold"], query=row["query"], valid=schema is not None and _valid(r["arguments"], schema))
-            done.append(r)
-            if k == 0:  # the same list again: what a repeated tool list costs
-                again = stream_request(port, _body(model, row), args.timeout)
-                cold, warm = r["complete_ms"], again["complete_ms"]
-                out["sizes"][str(size)].update(
-                    cold_ms=None if r["error"] else round(cold or 0, 1),
-                    repeat_ms=None if again["error"] else round(warm or 0, 1), repeat_error=again["error"])
-            print(f"  {name} {size} tools: {r['tool']} (gold {row['gold']}) first {r['first_tool_ms']} "
-                  f"complete {r['complete_ms']} error {r['error']}", file=sys.stderr, flush=True)
-        out["sizes"][str(size)].update(_summary(done), rows=[{k: v for k, v in r.items() if k != "content"}
-                                                              for r in done])
-    out["throughput"] = _throughput(port, model, plan[min(plan)], args)
-    return out
+            for mode in MODES:  # the same request streamed, then not
+                body = _body(model, row, mode == "streamed")
+                r = chat_request(port, body, args.timeout)
+                schema = tools[r["tool"]].input_schema if r["tool"] in tools else None
+                r.update(gold=row["gold"], valid=schema is not None and _valid(r["arguments"], schema))
+                done[mode].append(r)
+                if k == 0:  # the same list again: what a repeated tool list costs (whole reply; None: failed)
+                    again = chat_request(port, body, args.timeout)
+                    cells[mode].update(cold_ms=None if r["error"] else round(r["end_ms"], 1),
+                                       repeat_ms=None if again["error"] else round(again["end_ms"], 1),
+                                       repeat_error=again["error"])
+                print(f"  {name} {mode} {size} tools: {r['tool']} (gold {row['gold']}) first {r['first_tool_ms']} "
+                      f"complete {r['complete_ms']} error {r['error']}", file=sys.stderr, flush=True)
+        for mode in MODES:
+            cells[mode].update(_summary(done[mode]), rows=[{k: v for k, v in r.items() if k != "content"}
+                                                           for r in done[mode]])
+    return {"modes": out, "throughput": _throughput(port, model, plan[min(plan)], args)}
 
 
 def _throughput(port: int, model: str, rows: list[dict], args) -> dict:
-    """`clients` threads at once, each sending `throughput_requests` streamed requests."""
+    """`clients` threads at once, each sending `throughput_requests` non-streamed requests (the peer cannot stream
+    an automatic tool choice)."""
     results: list[dict] = []
 
     def client(i: int) -> None:
         for j in range(args.throughput_requests):
-            results.append(stream_request(port, _body(model, rows[(i + j) % len(rows)]), args.timeout))
+            results.append(chat_request(port, _body(model, rows[(i + j) % len(rows)], False), args.timeout))
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
@@ -273,48 +309,57 @@ def run(args: argparse.Namespace) -> dict:
                 result["servers"][name] = _measure(name, port, model, plan, tools, args)
             finally:
                 _stop(proc)
+            result["servers"][name]["server_errors"] = server_errors(Path(tmp) / f"{name}.log")
     print(table(result))
     return result
 
 
 def table(r: dict) -> str:
-    """Markdown: per server and tool-list size, time to the first tool-call byte and to the complete call, the
-    cold vs repeated tool list, gold-tool and valid-argument rates, failures; then throughput."""
+    """Markdown: per server, mode and tool-list size, time to the first tool-call byte and to the complete call,
+    the cold vs repeated tool list, call / gold-tool / valid-argument rates and failures; then throughput and
+    the errors each server logged."""
     rows = []
     for name, s in r["servers"].items():
-        for size in sorted(s["sizes"], key=int):
-            x = s["sizes"][size]
-            fail = f"{x['failures']}/{x['requests']}" + (f" ({x['errors'][0][:60]})" if x["errors"] else "")
-            rows.append([name, size, x["first_tool_ms"], x["complete_ms"], x.get("cold_ms"), x.get("repeat_ms"),
-                         pct(x["called"]), pct(x["gold"]), pct(x["args_valid"]), fail])
-    out = md_table(["server", "tools", "first tool byte (ms)", "complete call (ms)", "first list (ms)",
+        for mode, sizes in s["modes"].items():
+            for size in sorted(sizes, key=int):
+                x = sizes[size]
+                fail = f"{x['failures']}/{x['requests']}" + (f" ({x['errors'][0][:70]})" if x["errors"] else "")
+                rows.append([name, mode.replace("_", "-"), size, x["first_tool_ms"], x["complete_ms"], x.get("cold_ms"),
+                             x.get("repeat_ms"), pct(x["called"]), pct(x["gold"]), pct(x["args_valid"]), fail])
+    out = md_table(["server", "mode", "tools", "first tool byte (ms)", "complete call (ms)", "first list (ms)",
                     "same list again (ms)", "called", "gold tool", "args valid", "failed"], rows)
     tp = [[n, s["throughput"]["clients"], s["throughput"]["requests"], s["throughput"]["wall_s"],
            s["throughput"]["requests_per_s"], s["throughput"]["failures"]] for n, s in r["servers"].items()]
-    return out + "\n\n" + md_table(["server", "clients", "requests", "wall (s)", "requests/s", "failed"], tp)
+    out += "\n\n" + md_table(["server", "clients (non-streamed)", "requests", "wall (s)", "requests/s", "failed"], tp)
+    logged = [[n, e, c] for n, s in r["servers"].items() for e, c in (s.get("server_errors") or {}).items()]
+    if logged:
+        out += "\n\n" + md_table(["server", "logged error", "log lines"], logged)
+    return out
 
 
 def latency_figure(r: dict):
-    """Median time to the complete tool call per tool-list size, per server (failed sizes are marked, not 0)."""
+    """Median time to the complete tool call per tool-list size, per server and mode (a size where every request
+    failed gets a red mark, never a zero)."""
     if not r.get("servers"):
         return None
-    fig, ax = pyplot().subplots(figsize=(7, 4.5))
+    fig, ax = pyplot().subplots(figsize=(8, 5))
     for name, s in r["servers"].items():
-        sizes = sorted(s["sizes"], key=int)
-        pts = [(int(n), s["sizes"][n]["complete_ms"]) for n in sizes if s["sizes"][n]["complete_ms"] is not None]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=f"{name}: complete tool call")
-        pts = [(int(n), s["sizes"][n]["first_tool_ms"]) for n in sizes if s["sizes"][n]["first_tool_ms"] is not None]
-        if pts:
-            ax.plot(*zip(*pts), marker="x", linestyle="--", label=f"{name}: first tool-call byte")
-        failed = [int(n) for n in sizes if s["sizes"][n]["complete_ms"] is None]
-        for n in failed:
-            ax.axvline(n, color="red", alpha=0.25)
-            ax.annotate(f"{name} failed", (n, 1), rotation=90, fontsize=7, color="red", va="bottom")
-    ax.set(xscale="log", yscale="log", xlabel="tools in the request", ylabel="ms (median, streamed)",
-           title="Tool call over HTTP: nexus serve vs llama_cpp.server")
+        for mode, sizes in s["modes"].items():
+            ns = sorted(sizes, key=int)
+            pts = [(int(n), sizes[n]["complete_ms"]) for n in ns if sizes[n]["complete_ms"] is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"{name} {mode}: complete call")
+            pts = [(int(n), sizes[n]["first_tool_ms"]) for n in ns if sizes[n]["first_tool_ms"] is not None]
+            if pts and mode == "streamed":
+                ax.plot(*zip(*pts), marker="x", linestyle="--", label=f"{name} {mode}: first tool-call byte")
+            for n in ns:
+                if sizes[n]["complete_ms"] is None:
+                    ax.scatter([int(n)], [50], marker="v", color="red", zorder=3)
+                    ax.annotate(f"{name} {mode}: no call", (int(n), 50), fontsize=6, color="red", rotation=30)
+    ax.set(xscale="log", yscale="log", xlabel="tools in the request", ylabel="ms (median)",
+           title="Tool call over HTTP: nexus serve vs llama_cpp.server (same GGUF)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     return fig
 
 

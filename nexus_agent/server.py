@@ -209,6 +209,8 @@ def create_app(engine: Engine, config: ServeConfig):
             {"id": m, "object": "model", "created": state["started"], "owned_by": "nexus"} for m in model_ids]})
 
     async def stats(request):
+        if not authorized(request):  # /health is open; /v1/nexus/stats needs the key like every /v1 route
+            return unauthorized()
         return JSONResponse({"status": "ok", "model": engine.model_id, **scheduler().stats()})
 
     def scheduler() -> Scheduler:

@@ -59,7 +59,8 @@ def catalogue_tools(n: int, skip: set[str] = frozenset({"add", "multiply"})) -> 
 
 
 def stats(serve_url: str) -> dict:
-    with urllib.request.urlopen(f"{serve_url}/v1/nexus/stats", timeout=10) as r:
+    req = urllib.request.Request(f"{serve_url}/v1/nexus/stats", headers={"Authorization": f"Bearer {API_KEY}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
         return json.load(r)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import jsonschema
 import pytest
@@ -119,6 +121,11 @@ def test_bad_requests_get_openai_error_shapes(serve_url):
     _error(post(serve_url, b"{" + b" " * (1 << 20) + b"}"), 413, "request_too_large")
     _error(post(serve_url, {"model": "smollm2", "messages": ASK, "temperature": "hot"}), 400, param="temperature")
     _error(post(serve_url, {}, path="/v1/nope"), 404, "not_found")
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen(f"{serve_url}/v1/nexus/stats", timeout=10)
+    assert denied.value.code == 401
+    with urllib.request.urlopen(f"{serve_url}/health", timeout=10) as r:
+        assert json.load(r)["status"] == "ok"  # the health check needs no key
     ok, _ = post(serve_url, {"model": "smollm2", "messages": ASK, "max_tokens": 4})
     assert ok == 200  # the errors above left the server serving
 

@@ -343,6 +343,7 @@ def latency_figure(r: dict):
     if not r.get("servers"):
         return None
     fig, ax = pyplot().subplots(figsize=(8, 5))
+    failed: dict[int, list[str]] = {}
     for name, s in r["servers"].items():
         for mode, sizes in s["modes"].items():
             ns = sorted(sizes, key=int)
@@ -354,8 +355,10 @@ def latency_figure(r: dict):
                 ax.plot(*zip(*pts), marker="x", linestyle="--", label=f"{name} {mode}: first tool-call byte")
             for n in ns:
                 if sizes[n]["complete_ms"] is None:
-                    ax.scatter([int(n)], [50], marker="v", color="red", zorder=3)
-                    ax.annotate(f"{name} {mode}: no call", (int(n), 50), fontsize=6, color="red", rotation=30)
+                    failed.setdefault(int(n), []).append(f"{name} {mode.replace('_', '-')}")
+    for n, who in failed.items():  # one mark per size listing every variant without a call
+        ax.scatter([n], [50], marker="v", color="red", zorder=3)
+        ax.annotate("no call:\n" + "\n".join(who), (n, 55), fontsize=6, color="red", ha="center", va="bottom")
     ax.set(xscale="log", yscale="log", xlabel="tools in the request", ylabel="ms (median)",
            title="Tool call over HTTP: nexus serve vs llama_cpp.server (same GGUF)")
     ax.grid(alpha=0.3, which="both")

@@ -124,7 +124,7 @@ BENCHMARKS: list[Benchmark] = [
               "and end to end, routed among 250 tools. Same model, same run.",
         add_arguments=arguments.add_arguments, run=arguments.run, table=arguments.table,
         figures=arguments.FIGURES,
-        plan=("--data", "{data}/../arguments/arguments.jsonl", "--per-category", "40", "--sizes", "250",
+        plan=("--data", "{data}/../arguments/arguments.jsonl", "--per-category", "12", "--sizes", "250",
               "--catalog", "{data}/tools.jsonl"),
         quick_plan=("--data", "{data}/../arguments/arguments.jsonl", "--quick", "--catalog", "{data}/tools.jsonl"),
         tiny_plan=("--data", "{data}/../arguments/arguments.jsonl", "--per-category", "1", "--sizes", "",

@@ -72,3 +72,39 @@ class SilentListener:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def wait_ready(proc: subprocess.Popen, url: str, ready, what: str, log: Path, timeout_s: float) -> None:
+    """Poll GET `url` until `ready(parsed JSON)` is true; pytest.fail with the log's tail when the process
+    exits or `timeout_s` passes first."""
+    import json
+    import urllib.request
+
+    import pytest
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode}: {log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if ready(json.load(r)):
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not ready after {timeout_s} s: {log.read_text()[-3000:]}")
+        time.sleep(0.3)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM by PID, then SIGKILL when it has not exited within `grace_s`."""
+    import signal
+
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=grace_s)

@@ -3,17 +3,13 @@ per test session and stopped by its PID; the openai backend pointed at it."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from http_servers import stop, wait_ready
 
 PROBE = Path(__file__).resolve().parents[1] / "agent" / "probe_server.py"
 READY_TIMEOUT_S = 90
@@ -39,28 +35,10 @@ def openai_server(tmp_path_factory):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"llama_cpp.server exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{base}/models", timeout=2) as r:
-                    if json.load(r).get("data"):
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama_cpp.server not ready after {READY_TIMEOUT_S} s: {log.read_text()[-2000:]}")
-            time.sleep(0.5)
+        wait_ready(proc, f"{base}/models", lambda r: bool(r.get("data")), "llama_cpp.server", log, READY_TIMEOUT_S)
         yield base
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=15)
+        stop(proc, 15)
 
 
 @pytest.fixture(scope="session")

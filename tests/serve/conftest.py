@@ -3,15 +3,12 @@ test session (with an API key and a 1 MB body limit) and stopped by its PID."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
+from http_servers import stop, wait_ready
 from serve_helpers import API_KEY, ROOT, free_port
 
 READY_TIMEOUT_S = 120
@@ -31,28 +28,10 @@ def serve_url(tmp_path_factory):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"nexus serve exited with {proc.returncode}: {log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if json.load(r)["status"] == "ok":
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"nexus serve not ready after {READY_TIMEOUT_S} s: {log.read_text()[-3000:]}")
-            time.sleep(0.3)
+        wait_ready(proc, f"{url}/health", lambda r: r.get("status") == "ok", "nexus serve", log, READY_TIMEOUT_S)
         yield url
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=20)
+        stop(proc)
 
 
 @pytest.fixture(scope="session")

@@ -78,9 +78,17 @@ def _word_starts(b: bytes) -> list[int]:
     return out
 
 
+_TRAILING = b",.;:?!)]}'\"`"
+
+
 def _word_end(b: bytes, i: int) -> bool:
-    """Whether a copy may end before byte `i`: at the end, or not inside an alphanumeric run."""
-    return i >= len(b) or not (_is_word(b[i]) and _is_word(b[i - 1]))
+    """Whether a copy may end before byte `i`: where its space-separated word ends, or before the word's
+    trailing punctuation (`data.csv,`, `2023-07-04?`). Never inside a word: `/tmp/work/repo` is not cut to
+    `/tmp/work`."""
+    j = i
+    while j < len(b) and b[j] in _TRAILING:
+        j += 1
+    return i > 0 and (j >= len(b) or b[j] in b" \t\n\\")
 
 
 def numbers_in(text: str) -> list[bytes]:
@@ -244,7 +252,7 @@ class CopyBias:
     """
 
     def __init__(self, tokenizer, sources: list[Source], schema: dict, bias: float = DEFAULT_BIAS,
-                 session=None, rank_starts: int = 4, max_copy_tokens: int = 16):
+                 session=None, rank_starts: int = 4, max_copy_tokens: int = 48):
         _REFS[id(tokenizer)] = tokenizer
         self.tokenizer = tokenizer
         self.tb = token_bytes(tokenizer)

@@ -104,7 +104,8 @@ HOLDER = textwrap.dedent("""
     import sqlite3, sys, time
     db = sqlite3.connect(sys.argv[1], isolation_level=None)
     db.execute("BEGIN IMMEDIATE")
-    db.execute("INSERT INTO servers VALUES ('holder', 'true', NULL, 0, 0)")
+    db.execute("INSERT INTO servers (name, command, cwd, registered_at, updated_at) "
+               "VALUES ('holder', 'true', NULL, 0, 0)")
     print("locked", flush=True)
     time.sleep(float(sys.argv[2]))
     db.execute("COMMIT")

@@ -122,6 +122,7 @@ EXEMPT = {
                                      "after the process ends",
     "nexus_agent/trace.py": "append-only JSONL event log: one write per event, read by people, not by Nexus",
     "evals/report.py": "REPORT.md for people, regenerated wholesale by `nexus eval all` (never read back)",
+    "evals/serve.py": "the peer server's stdout/stderr log, streamed by the subprocess, quoted in errors only",
 }
 
 

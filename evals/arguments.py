@@ -148,7 +148,7 @@ def _free(agent, tool, query: str, max_tokens: int) -> dict | None:
 
 
 def _ours(agent, tool, query: str, bias: float) -> dict | None:
-    from nexus_agent.copying import Source
+    from nexus_agent.copy_sources import Source
 
     agent.config.copy_bias = bias
     _cold(agent.live)

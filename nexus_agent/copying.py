@@ -12,93 +12,29 @@ of a number written in a source (for number/integer parameters), or of an enum v
 token that closes the value right after a complete copy (the closing quote, a `,` after a number) gets the
 same bias, so a copy that could go on competes with stopping by the model's own likelihood: the bias only
 tilts the choice between copying and inventing, it never decides which span or where it ends. The grammar
-mask runs after this processor, so a value the schema forbids stays impossible (enums, types, bounds).
+mask runs before this processor, so a value the schema forbids stays impossible (enums, types, bounds).
 
-`value_sources` says afterwards where each argument value came from: `request`, `observation`, `enum`,
-`default` or `generated`; the agent's trace records it.
+The sources, spans and provenance are in `copy_sources.py`; following the JSON in `json_cursor.py`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable
 
 import numpy as np
 
 from nexus_agent.constrained import _REFS, token_bytes
+from nexus_agent.copy_sources import NUMBER, Source, _escaped, _word_end, _word_starts, numbers_in
+from nexus_agent.json_cursor import JsonCursor, json_types, schema_at
 
 DEFAULT_BIAS = 4.0  # logits; chosen on the agent suite and BFCL by `nexus eval arguments --bias` (README)
 MAX_TOKEN_BYTES = 24
 USED_PENALTY = 2.0
 ORDER_PENALTY = 1.0
-_NUMBER = re.compile(rb"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\w|\.\d)")
 _STRING_CLOSERS = set(b'",}] \n')
 _NUMBER_CLOSERS = set(b",}] \n")
-
-
-@dataclass(frozen=True)
-class Source:
-    """A text values may be copied from: kind "request" (the step's own words) or "observation" (an earlier
-    call of the same turn and its result); `label` says which (e.g. the tool name)."""
-
-    kind: str
-    text: str
-    label: str = ""
-
-
-def _escaped(text: str) -> bytes:
-    """`text` as the bytes it has inside a JSON string."""
-    return json.dumps(text, ensure_ascii=False)[1:-1].encode("utf-8")
-
-
-def _is_word(c: int) -> bool:
-    return chr(c).isalnum() or c >= 128  # a UTF-8 byte of a non-ASCII character counts as a letter
-
-
-_OPENERS = b"'\"([{<`"
-
-
-def _word_starts(b: bytes) -> list[int]:
-    """Positions where a copied string may start: the start of each space-separated word, and the byte after
-    its opening quotes or brackets (`(490`, `'buy`, `\\"x`). Never inside a word: a path is copied whole
-    (`/tmp/x/repo`, not `tmp/x/repo` or `x/repo`), though it may end early."""
-    out = []
-    for i, c in enumerate(b):
-        if c in b" \t\n":
-            continue
-        j = i
-        while j > 0 and (b[j - 1] in _OPENERS or b[j - 1] == 0x5C):  # escaped quotes count as openers
-            j -= 1
-        if j == 0 or b[j - 1] in b" \t\n":
-            if i == j or c not in _OPENERS + b"\\":
-                out.append(i)
-    return out
-
-
-_TRAILING = b",.;:?!)]}'\"`"
-
-
-def _word_end(b: bytes, i: int) -> bool:
-    """Whether a copy may end before byte `i`: where its space-separated word ends, or before the word's
-    trailing punctuation (`data.csv,`, `2023-07-04?`). Never inside a word: `/tmp/work/repo` is not cut to
-    `/tmp/work`."""
-    j = i
-    while j < len(b) and b[j] in _TRAILING:
-        j += 1
-    return i > 0 and (j >= len(b) or b[j] in b" \t\n\\")
-
-
-def numbers_in(text: str) -> list[bytes]:
-    """The numbers written in `text` as JSON number literals (thousands separators dropped), in order."""
-    out = []
-    for m in _NUMBER.finditer(text.encode("utf-8")):
-        lit = m.group(0).replace(b",", b"")
-        if lit not in out:
-            out.append(lit)
-    return out
 
 
 @lru_cache(maxsize=4)
@@ -115,126 +51,6 @@ def _bytes_index_cached(digest: str, tokenizer_ref: int) -> tuple[dict[bytes, li
         if b and all(c in _NUMBER_CLOSERS for c in b) and b[0] in b",}]":
             close_num[i] = True
     return index, close_str, close_num
-
-
-class JsonCursor:
-    """Where an incrementally written JSON text is: the path of the value being written and its bytes so far.
-
-    `value_prefix()` is None outside a value (inside a key, between members), b"" where a value may start,
-    else the value's bytes so far (a string with its opening quote). `path()` lists object keys and "[]"
-    for array items, outermost first.
-    """
-
-    def __init__(self):
-        self.stack: list[list] = []  # [kind "{" | "[", key, expect]; expect: key colon value comma
-        self.root_done = False
-        self.in_string = False
-        self.string_is_key = False
-        self.escape = False
-        self.scalar = False
-        self.buf = bytearray()
-        self.values = 0  # values begun so far: tells one value from the next
-
-    def _expecting_value(self) -> bool:
-        return self.stack[-1][2] == "value" if self.stack else not self.root_done
-
-    def _after_value(self) -> None:
-        if self.stack:
-            self.stack[-1][2] = "comma"
-        else:
-            self.root_done = True
-
-    def feed(self, data: bytes) -> None:
-        for c in data:
-            if self.in_string:
-                if self.escape:
-                    self.escape = False
-                    self.buf.append(c)
-                elif c == 0x5C:  # backslash
-                    self.escape = True
-                    self.buf.append(c)
-                elif c == 0x22:  # closing quote
-                    self.in_string = False
-                    if self.string_is_key:
-                        self.stack[-1][1] = bytes(self.buf).decode("utf-8", "replace")
-                        self.stack[-1][2] = "colon"
-                    else:
-                        self._after_value()
-                    self.buf = bytearray()
-                else:
-                    self.buf.append(c)
-                continue
-            if self.scalar:
-                if chr(c).isalnum() or c in b"+-.":
-                    self.buf.append(c)
-                    continue
-                self.scalar = False
-                self.buf = bytearray()
-                self._after_value()
-            if c in b" \t\r\n":
-                continue
-            if c in b"{[":
-                self.stack.append(["{" if c == 0x7B else "[", None, "key" if c == 0x7B else "value"])
-            elif c in b"}]":
-                if self.stack:
-                    self.stack.pop()
-                self._after_value()
-            elif c == 0x3A:  # colon
-                if self.stack:
-                    self.stack[-1][2] = "value"
-            elif c == 0x2C:  # comma
-                if self.stack:
-                    self.stack[-1][2] = "key" if self.stack[-1][0] == "{" else "value"
-            elif c == 0x22:
-                self.in_string = True
-                self.string_is_key = bool(self.stack) and self.stack[-1][0] == "{" and self.stack[-1][2] == "key"
-                self.values += not self.string_is_key
-                self.buf = bytearray()
-            else:
-                self.scalar = True
-                self.values += 1
-                self.buf = bytearray([c])
-
-    def value_prefix(self) -> bytes | None:
-        if self.in_string:
-            return None if self.string_is_key else b'"' + bytes(self.buf)
-        if self.scalar:
-            return bytes(self.buf)
-        return b"" if self._expecting_value() else None
-
-    def path(self) -> tuple[str, ...]:
-        return tuple(f[1] if f[0] == "{" else "[]" for f in self.stack)
-
-
-def schema_at(schema: dict, path: Iterable[str]) -> dict:
-    """The subschema at `path` (object keys, "[]" for items); {} (anything) where it cannot be told."""
-    s = schema if isinstance(schema, dict) else {}
-    for key in path:
-        for alt in ("anyOf", "oneOf", "allOf"):
-            if alt in s and isinstance(s[alt], list):
-                s = next((a for a in s[alt] if isinstance(a, dict) and ("properties" in a or "items" in a)), s)
-        if key == "[]":
-            s = s.get("items") if isinstance(s.get("items"), dict) else {}
-        else:
-            s = (s.get("properties") or {}).get(key) if isinstance(s.get("properties"), dict) else {}
-            s = s if isinstance(s, dict) else {}
-    return s
-
-
-def _types(s: dict) -> set[str]:
-    """The JSON types a subschema admits ({"string", "number", ...}; every type when it does not say)."""
-    every = {"string", "number", "integer", "boolean", "object", "array", "null"}
-    if "enum" in s and isinstance(s["enum"], list):
-        return {"string" if isinstance(v, str) else "number" for v in s["enum"] if not isinstance(v, bool)}
-    t = s.get("type")
-    if isinstance(t, str):
-        return {t}
-    if isinstance(t, list):
-        return set(t)
-    for alt in ("anyOf", "oneOf"):
-        if isinstance(s.get(alt), list):
-            return set().union(*(_types(a) for a in s[alt] if isinstance(a, dict))) or every
-    return every
 
 
 class CopyBias:
@@ -317,7 +133,7 @@ class CopyBias:
         """(remainder, (source, position)) of the numbers written in the sources that begin with `prefix`."""
         out = []
         for k, (text, _) in enumerate(self.texts):
-            for m in _NUMBER.finditer(text):
+            for m in NUMBER.finditer(text):
                 lit = m.group(0).replace(b",", b"")
                 if ("number" in types or b"." not in lit) and lit.startswith(prefix) and lit != prefix:
                     out.append((lit[len(prefix):], (k, m.start())))
@@ -351,7 +167,7 @@ class CopyBias:
                 return None
             if s.get("enum"):
                 return ("enum", json.dumps(s["enum"], sort_keys=True))
-            return "number" if _types(s) <= numeric and "type" in s else None
+            return "number" if json_types(s) <= numeric and "type" in s else None
 
         mine = kind(sub)
         same = [name for name, s in props.items() if mine is not None and kind(s) == mine]
@@ -359,7 +175,7 @@ class CopyBias:
 
     def candidates(self, prefix: bytes, sub: dict) -> tuple[set[int], bool]:
         """(token ids that continue a copy of the value `prefix`, whether closing the value now ends one)."""
-        types = _types(sub)
+        types = json_types(sub)
         ids: set[int] = set()
         closes = False
 
@@ -459,7 +275,7 @@ class CopyBias:
             order = np.argsort(-np.array(head), kind="stable")[: self.rank_starts] if cands else []
             cands = [cands[i] for i in order]
         else:
-            cands = self._number_copies(prefix, _types(sub))
+            cands = self._number_copies(prefix, json_types(sub))
         positions = [w for _, w in cands]
         done = len(prefix) - (1 if string else 0)  # value bytes already written before the copy
         scored = []
@@ -506,7 +322,7 @@ class CopyBias:
         sub = schema_at(self.schema, self.cursor.path())
         ids, closes = self.candidates(prefix, sub)
         if self.session is not None:
-            types = _types(sub)
+            types = json_types(sub)
             key = (self.cursor.values if prefix[:1] == b'"' and types == {"string"} else
                    self.cursor.values + 1 if prefix == b"" and types and types <= {"number", "integer"} else None)
             if key is not None and key != self.decided:  # a value starts: rank its copies once
@@ -530,41 +346,3 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     m = np.max(x[np.isfinite(x)]) if np.isfinite(x).any() else 0.0
     return x - (m + np.log(np.sum(np.exp(x - m))))
-
-
-def _leaves(value: Any, path: str = ""):
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _leaves(v, f"{path}/{k}" if path else k)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _leaves(v, f"{path}[{i}]")
-    else:
-        yield path, value
-
-
-def value_sources(arguments: dict | None, sources: list[Source], schema: dict) -> dict[str, str]:
-    """Where each leaf value of `arguments` came from: "request" or "observation" (written there: a string as a
-    substring, a number as a number), "enum" (an enum value the request does not spell), "default" (the
-    schema default) or "generated". Keys are paths like `a`, `note/title`, `tags[0]`."""
-    if not arguments:
-        return {}
-    out = {}
-    for path, v in _leaves(arguments):
-        keys = [k for k in re.split(r"/|\[\d+\]", path) if k]
-        sub = schema_at(schema, [k if not k.isdigit() else "[]" for k in keys])
-        out[path] = "generated"
-        for s in sources:
-            if isinstance(v, str) and v and v in s.text:
-                out[path] = s.kind
-                break
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                if any(float(n) == v for n in numbers_in(s.text)):
-                    out[path] = s.kind
-                    break
-        if out[path] == "generated":
-            if "default" in sub and sub["default"] == v:
-                out[path] = "default"
-            elif v in (sub.get("enum") or []):
-                out[path] = "enum"
-    return out

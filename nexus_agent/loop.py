@@ -23,7 +23,8 @@ from typing import Callable
 
 from native.generate import stream_generate
 from nexus_agent.constrained import generate_json
-from nexus_agent.copying import DEFAULT_BIAS, CopyBias, Source, value_sources
+from nexus_agent.copy_sources import Source, value_sources
+from nexus_agent.copying import DEFAULT_BIAS, CopyBias
 from nexus_agent.fullschema import insert_schema, needs_full_schema, user_tokens
 from nexus_agent.memory import LiveContext, MemoryConfig, certify_answer
 from nexus_agent.prompts import answer_messages, argument_messages, observation_text
@@ -62,7 +63,7 @@ class AgentConfig:
 class ToolCall:
     """One step's call: the tool, its arguments (None when none were valid), how they were produced
     (signature | full_schema), the observation, and where each argument value came from
-    (`copying.value_sources`: request | observation | enum | default | generated)."""
+    (`copy_sources.value_sources`: request | observation | enum | default | generated)."""
 
     tool: str
     arguments: dict | None

@@ -102,7 +102,7 @@ class Engine:
     def _warm_up(self) -> None:
         """Compile the Numba scan and build llguidance's tokenizer and the copy index now (seconds), not on the
         first request: one routing and one argument decode of a one-parameter tool."""
-        from nexus_agent.copying import Source
+        from nexus_agent.copy_sources import Source
         from registry.model import Tool
 
         tool = Tool.from_mcp(_WARMUP)
@@ -186,7 +186,7 @@ class Engine:
 
     def _tool_calls(self, req: ChatRequest, calls: list, emit) -> None:
         from native.generate import Detokenizer
-        from nexus_agent.copying import Source
+        from nexus_agent.copy_sources import Source
 
         names = tool_names(req.messages)
         results = [result_text(m, names) for m in req.messages if m["role"] == "tool"][-4:]

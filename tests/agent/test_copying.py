@@ -11,7 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nexus_agent.constrained import generate_json
-from nexus_agent.copying import CopyBias, JsonCursor, Source, numbers_in, value_sources
+from nexus_agent.copy_sources import Source, numbers_in, value_sources
+from nexus_agent.copying import CopyBias
+from nexus_agent.json_cursor import JsonCursor
 from nexus_agent.prompts import argument_messages
 
 

@@ -9,6 +9,7 @@ came from: `request`, `observation`, `enum`, `default` or `generated`; the agent
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,27 @@ def _word_end(b: bytes, i: int) -> bool:
     while j < len(b) and b[j] in _TRAILING:
         j += 1
     return i > 0 and (j >= len(b) or b[j] in b" \t\n\\")
+
+
+def name_words(name: str) -> list[str]:
+    """A parameter name's words, lower case, 2+ letters: `repo_path` -> [repo, path], `noteId` -> [note, id]."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return [w for w in re.split(r"[^A-Za-z]+", spaced.lower()) if len(w) >= 2]
+
+
+def names_word(word: str, names: list[str]) -> bool:
+    """Whether a request word names one of `names` (`name_words`): they share a stem, a common prefix of at
+    least 4 letters or of the whole shorter word (`titled` ~ title, `stars` ~ starring, `tags` ~ tag); a word
+    or name under 3 letters only by being equal."""
+    w = re.sub(r"[^a-z]", "", word.lower())
+    for n in names:
+        if len(w) < 3 or len(n) < 3:  # a short word names only itself (`ID` ~ id)
+            if w == n and len(w) >= 2:
+                return True
+            continue
+        if len(os.path.commonprefix([w, n])) >= min(4, len(w), len(n)):
+            return True
+    return False
 
 
 def numbers_in(text: str) -> list[bytes]:

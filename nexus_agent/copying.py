@@ -14,6 +14,11 @@ same bias, so a copy that could go on competes with stopping by the model's own 
 tilts the choice between copying and inventing, it never decides which span or where it ends. The grammar
 mask runs before this processor, so a value the schema forbids stays impossible (enums, types, bounds).
 
+Beside the model's likelihood, the ranking reads how requests introduce values: a word naming a parameter
+comes right before its value or right after it ("titled *apples*", "*28* days"; `_anchor`), and joining words
+end a value ("apples *with the* body"; `_joiners`). Which optional keys are written follows the request too:
+the first key, then only the keys it names (`_key_order`).
+
 The sources, spans and provenance are in `copy_sources.py`; following the JSON in `json_cursor.py`.
 """
 
@@ -26,31 +31,50 @@ from functools import lru_cache
 import numpy as np
 
 from nexus_agent.constrained import _REFS, token_bytes
-from nexus_agent.copy_sources import NUMBER, Source, _escaped, _word_end, _word_starts, numbers_in
+from nexus_agent.copy_sources import (
+    NUMBER,
+    Source,
+    _escaped,
+    _word_end,
+    _word_starts,
+    name_words,
+    names_word,
+    numbers_in,
+)
 from nexus_agent.json_cursor import JsonCursor, json_types, schema_at
 
 DEFAULT_BIAS = 4.0  # logits; chosen on the agent suite and BFCL by `nexus eval arguments --bias` (README)
 MAX_TOKEN_BYTES = 24
 USED_PENALTY = 2.0
 ORDER_PENALTY = 1.0
+JOINER_PENALTY = 1.0
+ANCHOR_BONUS = 1.0
+KEY_BIAS = 2.0
+# Words that join the values of a request rather than belong to one ("titled apples *with* the body ...").
+JOINERS = frozenset(b"a an and as at by for from in into of on or than that the then to via which with".split())
+_JOINER_TEXT = frozenset(w.decode() for w in JOINERS)
 _STRING_CLOSERS = set(b'",}] \n')
 _NUMBER_CLOSERS = set(b",}] \n")
 
 
 @lru_cache(maxsize=4)
-def _bytes_index_cached(digest: str, tokenizer_ref: int) -> tuple[dict[bytes, list[int]], np.ndarray, np.ndarray]:
+def _bytes_index_cached(digest: str, tokenizer_ref: int) -> tuple[dict[bytes, list[int]], np.ndarray, ...]:
     tb = token_bytes(_REFS[tokenizer_ref])
     index: dict[bytes, list[int]] = {}
     close_str = np.zeros(len(tb), dtype=bool)
     close_num = np.zeros(len(tb), dtype=bool)
+    close_obj = np.zeros(len(tb), dtype=bool)
+    comma = np.zeros(len(tb), dtype=bool)
     for i, b in enumerate(tb):
+        close_obj[i] = b.lstrip(b" \n\t")[:1] == b"}"
+        comma[i] = b"," in b
         if 0 < len(b) <= MAX_TOKEN_BYTES:
             index.setdefault(b, []).append(i)
         if b[:1] == b'"' and all(c in _STRING_CLOSERS for c in b[1:]):
             close_str[i] = True
         if b and all(c in _NUMBER_CLOSERS for c in b) and b[0] in b",}]":
             close_num[i] = True
-    return index, close_str, close_num
+    return index, close_str, close_num, close_obj, comma
 
 
 class CopyBias:
@@ -72,7 +96,8 @@ class CopyBias:
         _REFS[id(tokenizer)] = tokenizer
         self.tokenizer = tokenizer
         self.tb = token_bytes(tokenizer)
-        self.index, self.close_str, self.close_num = _bytes_index_cached(tokenizer.digest, id(tokenizer))
+        self.index, self.close_str, self.close_num, self.close_obj, self.comma = _bytes_index_cached(
+            tokenizer.digest, id(tokenizer))
         self.schema, self.bias = schema or {}, bias
         self.session, self.rank_starts, self.max_copy_tokens = session, rank_starts, max_copy_tokens
         self.cursor = JsonCursor()
@@ -81,6 +106,7 @@ class CopyBias:
         self.starts = [_word_starts(b) for b, _ in self.texts]
         self.numbers = [n for s in sources for n in numbers_in(s.text)]
         self.request = " ".join(s.text for s in sources if s.kind == "request").lower()
+        self.request_words = [w for w in self.request.split() if w.strip(",.;:?!'\"()") not in _JOINER_TEXT]
         self.plan: list[int] = []  # tokens still to force for the chosen copy
         self.used: list[tuple[int, int, int]] = []  # (source, start, end) of every copy ranked so far
         self.forced: int | None = None  # the token forced last
@@ -135,16 +161,20 @@ class CopyBias:
         for k, (text, _) in enumerate(self.texts):
             for m in NUMBER.finditer(text):
                 lit = m.group(0).replace(b",", b"")
-                if ("number" in types or b"." not in lit) and lit.startswith(prefix) and lit != prefix:
+                if ("number" in types or b"." not in lit) and lit.startswith(prefix) and lit != prefix \
+                        and not self._taken(k, m.start()):
                     out.append((lit[len(prefix):], (k, m.start())))
         return out
+
+    def _taken(self, k: int, p: int) -> bool:
+        """Whether position `p` of source `k` lies in a copy made already (a number fills one parameter)."""
+        return any(kk == k and s <= p < e for kk, s, e in self.used)
 
     def _prior(self, where: tuple[int, int, int], rank: int | None, positions: list[tuple[int, int]]) -> float:
         """A copy's prior, beside the model's score: a value copied already is less likely again (-USED_PENALTY),
         and numbers (and values of one enum) fill parameters in the order the request writes them:
         `rank` is the parameter's place among its siblings of that kind in the schema's order, and the
-        candidate costs ORDER_PENALTY per place its position among `positions` (same source) is off. The
-        schema's order, not the output's: the grammar writes keys in its own (sorted) order."""
+        candidate costs ORDER_PENALTY per place its position among `positions` (same source) is off."""
         k, start, end = where
         prior = -USED_PENALTY if any(kk == k and s < end and start < e for kk, s, e in self.used) else 0.0
         if rank is not None:
@@ -152,6 +182,51 @@ class CopyBias:
             if start in mine:
                 prior -= ORDER_PENALTY * abs(mine.index(start) - rank)
         return prior
+
+    def _joiners(self, where: tuple[int, int, int]) -> int:
+        """How many words of a copied span, past its first, are JOINERS (a quoted text is copied whole: 0).
+        The model's likelihood runs a copy on into the next value ("apples with the body"), as a copying
+        model continues whatever it copies; the words that join a request's values mark where one ends."""
+        k, start, end = where
+        text = self.texts[k][0]
+        if start > 0 and text[start - 1] in b"'`\"":
+            return 0
+        return sum(w.lower().strip(b",.;:") in JOINERS for w in text[start:end].split()[1:])
+
+    def _anchor(self, where: tuple[int, int, int]) -> int:
+        """Requests name a parameter, then give its value. +1 when the nearest word before a span that names a
+        parameter names this one ("titled *apples*", "the repository at */tmp/r*"), -2 when it names a
+        sibling ("the body *'buy apples'*" for the title: as if that sibling had used it), 0 when none of the
+        3 words before it names one; -1 per word of the span that names a sibling (a label, not a value);
+        after an unquoted span, the word right after it is a label as well ("*28* days": +1 for `days`, -2
+        for `date`)."""
+        path = self.cursor.path()
+        if not path or path[-1] == "[]":
+            return 0
+        props = schema_at(self.schema, path[:-1]).get("properties") or {}
+        k, start, end = where
+        text = self.texts[k][0]
+        mine = name_words(path[-1])
+        others = [name_words(p) for p in props if p != path[-1]]
+
+        def nearest(words) -> int:
+            for word in words:
+                bare = word.lower().strip(",.;:?!'\"`()")
+                if not bare or bare in _JOINER_TEXT:
+                    continue
+                if names_word(word, mine):
+                    return 1
+                return -2 if any(names_word(word, o) for o in others) else 0
+            return 0
+
+        score = nearest(reversed(text[:start].decode("utf-8", "ignore").split()[-3:]))
+        inside = text[start:end].decode("utf-8", "ignore").split()
+        score -= sum(any(names_word(w, o) for o in others) for w in inside)  # it holds a sibling's label
+        quoted = start > 0 and text[start - 1] in b"'`\""
+        after = text[end:].decode("utf-8", "ignore").split()[:1]
+        if quoted or not after or after[0].lower().strip(",.;:?!'\"`()") in _JOINER_TEXT:
+            return score
+        return score + nearest(after)  # a label right after: "*28* days"
 
     def _sibling_rank(self, sub: dict) -> int | None:
         """The current parameter's place among the parent object's parameters of the same kind (numbers, or
@@ -172,6 +247,105 @@ class CopyBias:
         mine = kind(sub)
         same = [name for name, s in props.items() if mine is not None and kind(s) == mine]
         return same.index(path[-1]) if len(same) > 1 and path[-1] in same else None
+
+    def _named(self, key: str, sub: dict) -> bool:
+        """Whether the request gives evidence for parameter `key`: a word of it names the key (`names_word`),
+        or it names one of the key's enum values."""
+        words = name_words(key)
+        return any(names_word(w, words) for w in self.request_words) or bool(self._enum_copies(sub))
+
+    def _wanted(self, obj: dict, remaining: list[str]) -> list[str]:
+        """The keys of `remaining` that are required or that the request names, in schema order."""
+        props, required = obj.get("properties") or {}, set(obj.get("required") or [])
+        return [k for k in remaining
+                if k in required or self._named(k, props[k] if isinstance(props[k], dict) else {})]
+
+    def _left(self, want) -> list[str]:
+        """The keys of the object being written not written yet whose JSON types satisfy `want(types)`."""
+        path = self.cursor.path()
+        props = schema_at(self.schema, path[:-1]).get("properties") if path and path[-1] != "[]" else None
+        if not isinstance(props, dict):
+            return []
+        written = self.cursor.keys_written()
+        return [k for k, v in props.items()
+                if k not in written and want(json_types(v if isinstance(v, dict) else {}))]
+
+    def _leftover(self) -> bool:
+        """Whether the request still holds a value no copy has taken that a key left could take: a number (for
+        a numeric key), a quoted text or a capitalized word that does not start a sentence (for a string
+        key: "maybe something with *Jim Carrey* in it"). Then the model decides whether another key takes it."""
+        numeric = bool(self._left(lambda t: t & {"number", "integer"}))
+        strings = bool(self._left(lambda t: "string" in t))
+        for k, (text, kind) in enumerate(self.texts):
+            if kind != "request":
+                continue
+            spots = [m.start() for m in NUMBER.finditer(text)] if numeric else []
+            if strings:
+                spots += [m.end() - 1 for m in re.finditer(rb"""(?:^|\s)['"`]\S""", text)]  # a quoted text
+                spots += [m.end() - 1 for m in re.finditer(rb"[^.?!\s]\s+[A-Z]", text)]
+            if any(not any(kk == k and s <= p < e for kk, s, e in self.used) for p in spots):
+                return True
+        return False
+
+    def _ends_object(self) -> bool:
+        """Whether the value being written is the object's last by `_key_order`'s rule: no key left that is
+        required or named by the request, and no value left in the request (`_leftover`); a `"}` closer is
+        then preferred to `",`."""
+        path = self.cursor.path()
+        if not path or path[-1] == "[]":
+            return False
+        obj = schema_at(self.schema, path[:-1])
+        props = obj.get("properties")
+        if not isinstance(props, dict):
+            return False
+        written = self.cursor.keys_written()
+        return not self._wanted(obj, [k for k in props if k not in written]) and not self._leftover()
+
+    def _closer_tilt(self, out: np.ndarray, closers: np.ndarray) -> np.ndarray:
+        """+bias (the copy bias: the request's evidence against one more key) on the closers without a comma
+        when `_ends_object`. A value's closer often carries the comma (`",`): the choice to go on is made
+        there, not at a key."""
+        if self._ends_object():
+            n = min(len(out), len(closers))
+            out[:n] = np.where(closers[:n] & ~self.comma[:n], out[:n] + self.bias, out[:n])
+        return out
+
+    def _key_order(self, logits: np.ndarray) -> np.ndarray:
+        """At an object key with a choice, +KEY_BIAS on one choice. The grammar writes keys in the schema's
+        order and lets the model skip any optional one: a small model skips the main one or adds one the
+        request says nothing about (`"tag": "notes"` for "Search my notes for music"). The choice tilted
+        toward: in an empty object, its first key (an API puts its main parameter first); later, the first key
+        left that is required or that the request names (`_named`); with none such, closing the object (by
+        the copy bias, as `_closer_tilt`)."""
+        kp = b"" if self.cursor.member_done() else self.cursor.key_prefix()
+        if kp is None:
+            return logits
+        obj = schema_at(self.schema, self.cursor.path()[:-1])
+        props = obj.get("properties")
+        if not isinstance(props, dict):
+            return logits
+        written = self.cursor.keys_written()
+        remaining = [k for k in props if k not in written]
+        if not remaining:
+            return logits
+        wanted = self._wanted(obj, remaining)
+        target = remaining[0] if not written else wanted[0] if wanted else None
+        boost = np.zeros(len(logits), dtype=bool)
+        if self.cursor.member_done() and target is not None:
+            return logits  # a `,` and then that key: tilted when its key starts
+        if target is None:  # nothing the request asks for is left: tilt toward closing, as `_closer_tilt`
+            if kp or self._leftover():
+                return logits
+            n = min(len(logits), len(self.close_obj))
+            boost[:n] = self.close_obj[:n]
+            return np.where(boost, logits + self.bias, logits)
+        full = b'"' + _escaped(target) + b'": '
+        if not full.startswith(kp) or len(full) == len(kp):
+            return logits
+        rest = full[len(kp):]
+        for n in range(1, min(MAX_TOKEN_BYTES, len(rest)) + 1):
+            boost[[i for i in self.index.get(rest[:n], ()) if i < len(logits)]] = True
+        return np.where(boost, logits + KEY_BIAS, logits) if boost.any() else logits
 
     def candidates(self, prefix: bytes, sub: dict) -> tuple[set[int], bool]:
         """(token ids that continue a copy of the value `prefix`, whether closing the value now ends one)."""
@@ -199,7 +373,11 @@ class CopyBias:
                         extend(text[end:] if prefix else b'"' + text[p:])
                         closes |= bool(content) and _word_end(text, end)
         if types & {"number", "integer"} and prefix[:1] != b'"':
-            for lit in self._numbers(types):
+            free = self._numbers(types) if prefix else {
+                m.group(0).replace(b",", b"") for k, (text, _) in enumerate(self.texts)
+                for m in NUMBER.finditer(text) if not self._taken(k, m.start())
+                and ("number" in types or b"." not in m.group(0))}
+            for lit in free:
                 if lit.startswith(prefix):
                     rest = lit[len(prefix):]
                     extend(rest)
@@ -211,9 +389,9 @@ class CopyBias:
 
     # -- ranking (with a session) ---------------------------------------------------------------------------
     def _score(self, logits: np.ndarray, remainders: list[tuple[bytes, tuple]], string: bool, word_ends: bool):
-        """[(score, tokens, where)] of the best copy of each remainder: the model's mean log-likelihood per
-        token of writing it and then closing the value, over the places the copy may end (word ends when
-        `word_ends`, else only the whole remainder).
+        """[(score, tokens, where)] of the copies of each remainder, one per place the copy may end (word ends
+        when `word_ends`, else only the whole remainder): the model's mean log-likelihood per token of
+        writing it and then closing the value. `_rank` adds the priors of each end and takes the best.
 
         The mean, not the sum: a sum favours any short span over the right long one (a path's inner tokens
         each cost something), and scoring only the start and the stop lets a common first word win
@@ -232,7 +410,7 @@ class CopyBias:
                 continue
             logits_after = self.session.forward_logits(toks)
             self.session.remove(n0, self.session.n_past)
-            total, best, written = 0.0, None, b""
+            total, written = 0.0, b""
             for i, t in enumerate(toks):
                 total += float(first[t] if i == 0 else _log_softmax(logits_after[i - 1])[t])
                 written += self.tb[t]
@@ -243,12 +421,9 @@ class CopyBias:
                     lp = _log_softmax(logits_after[i])
                     close = float(np.logaddexp.reduce(lp[: len(closers)][closers[: len(lp)]]))
                     mean = (total + close) / (i + 2)
-                    if best is None or mean > best[0]:
-                        best = (mean, toks[: i + 1])
+                    out.append((mean, toks[: i + 1], where))
                 if whole:
                     break
-            if best is not None:
-                out.append((*best, where))
         return out
 
     def _rank(self, logits: np.ndarray, prefix: bytes, sub: dict, ids: set[int]) -> None:
@@ -276,21 +451,34 @@ class CopyBias:
             cands = [cands[i] for i in order]
         else:
             cands = self._number_copies(prefix, json_types(sub))
+        if self.cursor.path()[-1:] == ("[]",):  # an array item: never a copy the array (or a key) took already
+            cands = [(r, (k, p)) for r, (k, p) in cands
+                     if not any(kk == k and s <= p < e for kk, s, e in self.used)]
         positions = [w for _, w in cands]
+        numeric_left = string and bool(self._left(lambda t: t & {"number", "integer"}))
         done = len(prefix) - (1 if string else 0)  # value bytes already written before the copy
         scored = []
         for s, toks, (k, p) in self._score(logits, cands, string, word_ends=string and "enum" not in sub):
             span = (k, p, p + done + sum(len(self.tb[t]) for t in toks))
-            scored.append((s + self._prior(span, rank, positions), toks, span))
+            prior = self._prior(span, rank, positions)
+            if string and "enum" not in sub:
+                prior -= JOINER_PENALTY * self._joiners(span)
+                if numeric_left and NUMBER.fullmatch(self.texts[k][0][span[1]:span[2]]):
+                    prior -= USED_PENALTY  # a number is for the numeric parameter still to come
+            prior += ANCHOR_BONUS * self._anchor(span)
+            scored.append((s + prior, toks, span))
         if not scored:
             return
         score, toks, where = max(scored, key=lambda s: s[0])
         self.used.append(where)
         self.plan = list(toks)
         self.close_after_plan = True
+        top = sorted(scored, key=lambda s: -s[0])[:4]
         self.ranked.append({"value": prefix.decode("utf-8", "replace"), "candidates": len(scored),
                             "pick": b"".join(self.tb[t] for t in toks).decode("utf-8", "replace"),
-                            "logp": round(score, 3)})
+                            "logp": round(score, 3),
+                            "top": [(b"".join(self.tb[t] for t in c).decode("utf-8", "replace"), round(v, 3))
+                                    for v, c, _ in top]})
 
     def _force(self, logits: np.ndarray) -> np.ndarray:
         out = logits.copy()
@@ -305,7 +493,7 @@ class CopyBias:
         closers = self.close_str if self.cursor.in_string else self.close_num
         n = min(len(out), len(closers))
         out[:n] = np.where(closers[:n], out[:n] + 1e4, out[:n])
-        return out
+        return self._closer_tilt(out, closers)
 
     def __call__(self, tokens: list[int], logits: np.ndarray) -> np.ndarray:
         for t in tokens[self.seen:]:
@@ -317,8 +505,10 @@ class CopyBias:
         if self.plan or self.close_after_plan:
             return self._force(logits)
         prefix = self.cursor.value_prefix()
-        if prefix is None or self.bias == 0:
+        if self.bias == 0:
             return logits
+        if prefix is None:
+            return self._key_order(logits)
         sub = schema_at(self.schema, self.cursor.path())
         ids, closes = self.candidates(prefix, sub)
         if self.session is not None:
@@ -339,7 +529,8 @@ class CopyBias:
             closers = self.close_str if prefix[:1] == b'"' else self.close_num
             boost[: len(closers)] |= closers[: len(logits)]
         self.boosted += 1
-        return np.where(boost, logits + self.bias, logits)
+        out = np.where(boost, logits + self.bias, logits)
+        return self._closer_tilt(out, self.close_str if prefix[:1] == b'"' else self.close_num) if closes else out
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

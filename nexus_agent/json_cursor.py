@@ -15,7 +15,7 @@ class JsonCursor:
     """
 
     def __init__(self):
-        self.stack: list[list] = []  # [kind "{" | "[", key, expect]; expect: key colon value comma
+        self.stack: list[list] = []  # [kind "{" | "[", key, expect, keys written]; expect: key colon value comma
         self.root_done = False
         self.in_string = False
         self.string_is_key = False
@@ -47,6 +47,7 @@ class JsonCursor:
                     if self.string_is_key:
                         self.stack[-1][1] = bytes(self.buf).decode("utf-8", "replace")
                         self.stack[-1][2] = "colon"
+                        self.stack[-1][3].append(self.stack[-1][1])
                     else:
                         self._after_value()
                     self.buf = bytearray()
@@ -63,7 +64,7 @@ class JsonCursor:
             if c in b" \t\r\n":
                 continue
             if c in b"{[":
-                self.stack.append(["{" if c == 0x7B else "[", None, "key" if c == 0x7B else "value"])
+                self.stack.append(["{" if c == 0x7B else "[", None, "key" if c == 0x7B else "value", []])
             elif c in b"}]":
                 if self.stack:
                     self.stack.pop()
@@ -90,6 +91,21 @@ class JsonCursor:
         if self.scalar:
             return bytes(self.buf)
         return b"" if self._expecting_value() else None
+
+    def key_prefix(self) -> bytes | None:
+        """b"" where an object key may start, b'"' + its bytes so far inside a key, else None."""
+        if self.in_string:
+            return b'"' + bytes(self.buf) if self.string_is_key else None
+        return b"" if self.stack and self.stack[-1][0] == "{" and self.stack[-1][2] == "key" else None
+
+    def member_done(self) -> bool:
+        """Whether an object member was just written (a `,` or the closing `}` comes next)."""
+        return bool(self.stack) and self.stack[-1][0] == "{" and self.stack[-1][2] == "comma" and not self.in_string \
+            and not self.scalar
+
+    def keys_written(self) -> list[str]:
+        """The keys of the innermost object written so far (the one being written included once closed)."""
+        return list(self.stack[-1][3]) if self.stack and self.stack[-1][0] == "{" else []
 
     def path(self) -> tuple[str, ...]:
         return tuple(f[1] if f[0] == "{" else "[]" for f in self.stack)

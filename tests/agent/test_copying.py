@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nexus_agent.constrained import generate_json
-from nexus_agent.copy_sources import Source, numbers_in, value_sources
+from nexus_agent.copy_sources import Source, name_words, names_word, numbers_in, value_sources
 from nexus_agent.copying import CopyBias
 from nexus_agent.json_cursor import JsonCursor
 from nexus_agent.prompts import argument_messages
@@ -30,6 +30,27 @@ def test_cursor_follows_paths_and_values():
     assert (("note", "tags", "[]"), b"3") in seen
     assert not any(p and (b"title" in p or b"tags" in p) for _, p in seen)  # keys are never values
     assert c.value_prefix() is None and c.root_done
+
+
+def test_cursor_knows_keys_and_member_ends():
+    c = JsonCursor()
+    c.feed(b'{')
+    assert c.key_prefix() == b"" and not c.member_done()
+    c.feed(b'"que')
+    assert c.key_prefix() == b'"que' and c.value_prefix() is None
+    c.feed(b'ry": "music"')
+    assert c.member_done() and c.keys_written() == ["query"] and c.key_prefix() is None
+    c.feed(b', "tags": ["a"')
+    assert c.keys_written() == [] and not c.member_done()  # inside the array: no object member here
+    c.feed(b"]")
+    assert c.member_done() and c.keys_written() == ["query", "tags"]
+
+
+def test_request_words_name_parameters_by_stem():
+    assert name_words("repo_path") == ["repo", "path"] and name_words("noteId") == ["note", "id"]
+    assert names_word("ID", ["id"]) and not names_word("is", ["id"])
+    assert names_word("titled", ["title"]) and names_word("repository", ["repo"]) and names_word("tags", ["tag"])
+    assert not names_word("notes", ["tag"]) and not names_word("date", ["days"]) and not names_word("at", ["path"])
 
 
 def test_numbers_in_text():
@@ -95,6 +116,30 @@ def test_picks_the_enum_value_the_request_names(llamacpp_backend):
     value = _decode(llamacpp_backend, schema, "What is the temperature in Oslo in Kelvin?",
                     sig='weather(city: str, unit: "celsius"|"fahrenheit"|"kelvin") — current temperature')
     assert value == {"city": "Oslo", "unit": "kelvin"}
+
+
+NOTE = {"type": "object", "properties": {"title": {"type": "string"}, "body": {"type": "string"},
+                                        "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["title", "body"]}
+
+
+@pytest.mark.parametrize("word", ["apples", "travel"])
+def test_a_value_ends_where_the_next_parameter_is_named(llamacpp_backend, word):
+    """Untilted, the model runs the title on into the next value ("apples with the body") or takes the
+    quoted body twice; the anchors (the word before a span names its parameter) and joiners end it."""
+    value = _decode(llamacpp_backend, NOTE, f"Add a note titled {word} with the body 'buy {word}'",
+                    sig="add_note(title, body, tags?: [str]) — save new note")
+    assert value == {"title": word, "body": f"buy {word}"}
+
+
+def test_optional_keys_the_request_does_not_name_are_left_out(llamacpp_backend):
+    """Both keys optional: the first (the main parameter) gets the value, and the `tag` the request never
+    mentions is not filled with a word of the tool's own name."""
+    schema = {"type": "object", "properties": {"query": {"type": "string", "default": ""}, "tag": {"type": "string"}}}
+    sig = "search_notes(query?, tag?) — find notes whose title or body contains text"
+    assert _decode(llamacpp_backend, schema, "Search my notes for music", sig=sig) == {"query": "music"}
+    assert _decode(llamacpp_backend, schema, "Search my notes for music with the tag work", sig=sig) == {
+        "query": "music", "tag": "work"}
 
 
 def test_bias_off_is_plain_constrained_decoding(llamacpp_backend):

@@ -158,6 +158,13 @@ def _digit_tokens(digest: str, tokenizer_ref: int) -> np.ndarray:
     return np.array([tok.decode([i]).isdigit() for i in range(tok.vocab_size)], dtype=bool)
 
 
+@lru_cache(maxsize=4)
+def _closer_tokens(digest: str, tokenizer_ref: int) -> np.ndarray:
+    """Tokens made only of JSON closers (`"`, `]`, `}`) and whitespace, with at least one closer."""
+    tb = token_bytes(_REFS[tokenizer_ref])
+    return np.array([bool(b.strip(b" \n\t")) and not b.strip(b' \n\t"]}') for b in tb], dtype=bool)
+
+
 def _number_too_long(text: str) -> bool:
     """Whether the JSON text ends inside a number with as many digits as we let a small model write (greedy
     decoding of a 135M model otherwise runs `7.000000…` to the token limit; the grammar allows both)."""
@@ -221,12 +228,15 @@ class GrammarMask:
 class LoopGuard:
     """Logits processor (after the grammar): break the loops and runaway numbers of greedy small-model
     decoding. It only ever removes a token the grammar allowed when another allowed one remains, so the
-    output stays grammar-valid."""
+    output stays grammar-valid. Given `max_tokens`, the last `reserve` tokens prefer closers (`"`, `]`, `}`)
+    wherever the grammar allows one, so a long array or string is closed before the limit cuts the JSON."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, max_tokens: int | None = None, reserve: int = 12):
         _REFS[id(tokenizer)] = tokenizer
         self.tokenizer = tokenizer
         self.digits = _digit_tokens(tokenizer.digest, id(tokenizer))
+        self.closers = _closer_tokens(tokenizer.digest, id(tokenizer))
+        self.wrap_up_at = None if max_tokens is None else max_tokens - min(reserve, max_tokens // 4)
 
     def __call__(self, tokens: list[int], logits: np.ndarray) -> np.ndarray:
         if not tokens:
@@ -244,6 +254,10 @@ class LoopGuard:
         if loop is not None and allowed[loop] and allowed.sum() > 1:
             logits = logits.copy()
             logits[loop] = -np.inf  # break the loop with the grammar's next-best token
+        if self.wrap_up_at is not None and len(tokens) >= self.wrap_up_at:
+            n = min(len(logits), len(self.closers))  # near the token limit: close what is open, where allowed
+            logits = logits.copy()
+            logits[:n] = np.where(self.closers[:n] & np.isfinite(logits[:n]), logits[:n] + 1e4, logits[:n])
         return logits
 
 
@@ -267,7 +281,7 @@ def generate_json(session: Session, prompt: Sequence[int], schema: dict, tokeniz
     eos = tokenizer.eos_ids
     start = session.n_past + (len(prompt) if logits is None else 0)
     stream = generate_step(session, prompt, Sampler(SamplerConfig()), max_tokens, eos,
-                           [grammar, *processors, LoopGuard(tokenizer)], logits)
+                           [grammar, *processors, LoopGuard(tokenizer, max_tokens)], logits)
     for token, _ in stream:
         if ttft is None:
             ttft = time.perf_counter() - t0

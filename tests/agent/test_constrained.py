@@ -53,6 +53,27 @@ def test_token_limit_gives_incomplete_json(llamacpp_backend):
         json.loads(r.text)
 
 
+def test_json_is_closed_before_the_token_limit(llamacpp_backend):
+    """A request with many copyable words makes the model list them in an array until the limit cuts the JSON;
+    in its last tokens the loop guard prefers closers wherever the grammar allows one, so it ends complete."""
+    from nexus_agent.copy_sources import Source
+    from nexus_agent.copying import CopyBias
+
+    tok = llamacpp_backend.tokenizer
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}},
+              "required": ["tags"]}
+    request = "Tag it with " + " ".join(f"w{i}" for i in range(60))
+    ids = tok.encode_chat([{"role": "user", "content": f"tag(tags: [str]) — {request}"}])
+    s = llamacpp_backend.new_session(1024)
+    try:
+        r = generate_json(s, ids, schema, tok, max_tokens=40,
+                          processors=[CopyBias(tok, [Source("request", request)], schema, 4.0)])
+    finally:
+        s.close()
+    assert r.complete and len(r.tokens) <= 40, r.text
+    jsonschema.validate(json.loads(r.text), schema)
+
+
 @pytest.mark.slow
 def test_mlx_backend_same_constraint(mlx_backend):
     tok = mlx_backend.tokenizer

@@ -2,11 +2,12 @@
 
 Tools: every tool of the bundled servers (listed from the real servers), plus catalogue tools as distractors
 for the larger registry. For each task and size N the registry is the gold tool plus N−1 distractors (bundled
-first, then catalogue, seeded). The router is the SLB scan over that registry (`embed` mode: scan top-1; no
-reranker is trained here), over each tool's text row and its templated example rows as registration stores
-them (`--examples none`: text rows only); arguments come from the agent's own path (`Agent.call_step` without
-the MCP call): compact signature prompt, llguidance-constrained, copy-aware decoding, jsonschema, full-schema
-retry. Multi-step tasks (`evals.agent_tasks.make_multi_tasks`) run whole turns on the real bundled servers:
+first, then catalogue, seeded). The router is the SLB router over that registry as `nexus run` uses it (gate:
+the scan's top-1 when its margin is clear, else cosine fused with BM25; no "none" floor, no cross-encoder),
+over each tool's text row and its templated example rows as registration stores them (`--examples none`:
+text rows only); arguments come from the agent's own path (`Agent.call_step` without the MCP call): compact
+signature prompt, llguidance-constrained, copy-aware decoding, jsonschema, full-schema retry. Multi-step tasks
+(`evals.agent_tasks.make_multi_tasks`) run whole turns on the real bundled servers:
 each later step must call its tool with the value an earlier call returned.
 
 Per size: routing_acc (routed tool == gold), json_valid (the produced arguments parse and validate against the
@@ -141,7 +142,8 @@ def run(args: argparse.Namespace) -> dict:
     agent = Agent(backend, None, {t.name: t for t in tools}, ServerPool({}, {}), config)
     agent.pool.call = lambda tool, a: _NoCall(tool)  # single steps score arguments; multi-step tasks call
     result = {"backend": args.backend, "tasks": len(tasks), "seed": args.seed, "quick": bool(args.quick),
-              "router": f"slb scan top-1 (embed mode, examples: {args.examples})", "sizes": {}}
+              "router": f"slb gate (scan top-1 or cosine + BM25, no none floor; examples: {args.examples})",
+              "sizes": {}}
     for size in sizes:
         rng = np.random.default_rng(args.seed + size)
         rows = []
@@ -229,13 +231,17 @@ def _multi(agent, emb, tools, entries, cat, bundled, by_name, size, n, seed) -> 
 
 
 def _router(emb, cat, entries, idx):
-    """The SLB scan (embed mode: top-1, no reranker) over the registry `idx`: each tool's text row plus, with
-    `--examples template`, its templated example rows, as `nexus register` stores them."""
+    """The SLB router as `nexus run` uses it, over the registry `idx`: the scan's top-1 when its margin clears
+    the gate, else the fused order (cosine + BM25; default GateConfig, no cross-encoder), with no "none"
+    floor (every task here needs a tool). Each tool has its text row plus, with `--examples template`, its
+    templated example rows, as `nexus register` stores them."""
+    from slb.gate import GateConfig
     from slb.index import ScanIndex
     from slb.router import Router
 
     m8, sc, _, row_tool = cat.registry(idx)
-    return Router(emb, ScanIndex(m8, sc, row_tool=row_tool), [entries[i] for i in idx], mode="embed")
+    return Router(emb, ScanIndex(m8, sc, row_tool=row_tool), [entries[i] for i in idx], GateConfig(floor=-1.0),
+                  mode="gate")
 
 
 class _NoCall:
@@ -294,8 +300,14 @@ def table(r: dict) -> str:
     return md_table(["tools", "routing", "JSON valid", "args exact", "multi-step exact", "TTFAT (ms)",
                      "baseline TTFAT (ms)", "context (tok)", "baseline context (tok)"],
                     [[n, pct(s["routing_acc"]), pct(s["json_valid"]), pct(s["args_exact"]), pct(s.get("multi_exact")),
-                      s["ttfat_ms"], s["ttfat_baseline_ms"], s["context_tokens"], s["baseline_prompt_tokens"]]
+                      _ms(s["ttfat_ms"]), _ms(s["ttfat_baseline_ms"]), _ms(s["context_tokens"]),
+                      _ms(s["baseline_prompt_tokens"])]
                      for n, s in sorted(r["sizes"].items(), key=lambda kv: int(kv[0]))])
+
+
+def _ms(v):
+    """A median for the table: a whole number (None stays None)."""
+    return None if v is None else int(round(v))
 
 
 def baseline_figure(r: dict):

@@ -8,7 +8,7 @@ Per item, in one process on one model:
     failed validation) under llguidance's schema grammar, without copying (`copy_bias` 0);
   - `nexus`: the same path with copy-aware decoding (`copy_bias`, nexus_agent.copying).
 - routed (end to end): the gold tool, the tools BFCL offered with it, and catalogue distractors make a
-  registry of N tools; the SLB scan (embed mode, as `nexus eval agent`) picks one; `nexus` arguments for it.
+  registry of N tools; the SLB scan (embed mode: its top-1) picks one; `nexus` arguments for it.
   An item counts when the routed tool is the gold one and its arguments score.
 
 `copyable_share` is the share of items whose required values are all written in the request (a boolean

@@ -26,7 +26,7 @@ def _zone(name: str) -> ZoneInfo:
 
 @tool
 def add_days(date: str, days: int) -> dict:
-    """Add a number of days (negative to subtract) to a date."""
+    """The date a number of days after a date (before it, when negative)."""
     return {"date": (_date(date, "date") + dt.timedelta(days=days)).isoformat()}
 
 

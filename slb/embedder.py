@@ -125,8 +125,17 @@ class Embedder:
         return np.ascontiguousarray(x, np.float32)
 
     def embed_query(self, query: str) -> np.ndarray:
-        """One query -> (D,) float32 unit vector."""
-        return self.embed_texts([query])[0]
+        """One query -> (D,) float32 unit vector: the model's modules run directly on the one tokenized text, the
+        computation `embed_texts` does without `encode`'s batching machinery around it (measured in the README,
+        "Routing latency")."""
+        import torch
+
+        m = self.model
+        prepare = getattr(m, "preprocess", None) or m.tokenize  # sentence-transformers 5 renamed it
+        with torch.inference_mode():
+            v = m(prepare([query]))["sentence_embedding"][0].float().numpy()
+        n = float(np.linalg.norm(v))
+        return np.ascontiguousarray(v / n if n > 0 else v, np.float32)
 
     def embed_tools(self, tools: list[ToolEntry], cached: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """N tools -> (N, D) float32; tools whose schema hash is in the in-memory cache or `cached` are not

@@ -1,7 +1,8 @@
 """`nexus serve` against llama-cpp-python's own OpenAI server on the same GGUF, over HTTP, streamed.
 
 Both servers are started by this eval as subprocesses on free 127.0.0.1 ports (one thread each; ours: `nexus serve`;
-the peer: `python -m llama_cpp.server --chat_format chatml-function-calling --n_ctx 8192`) and killed by PID at
+the peer: `python -m llama_cpp.server --chat_format chatml-function-calling --n_ctx 8192`, through
+`native.llamacpp_peer` for our backend's weight-repacking rule) and killed by PID at
 the end. Requests are public routing queries (queries.jsonl) with their gold tool inside a `tools` list of N
 catalogue tools (N = 10 / 50 / 250 / 1000; each size takes its own distractors, so the first request of a size
 meets tools neither server has seen), `tool_choice: "auto"`, `stream: true`; the same requests go to both.
@@ -297,7 +298,7 @@ def run(args: argparse.Namespace) -> dict:
         env["NEXUS_HOME"] = tmp
         commands = {"nexus": lambda p: [sys.executable, "-m", "nexus_agent.cli", "serve", "--port", str(p),
                                         "--max-body-mb", "64"],
-                    "llama_cpp": lambda p: [sys.executable, "-m", "llama_cpp.server", "--model", gguf,
+                    "llama_cpp": lambda p: [sys.executable, "-m", "native.llamacpp_peer", "--model", gguf,
                                             "--chat_format", "chatml-function-calling", "--n_ctx", "8192",
                                             "--n_threads", "1", "--n_threads_batch", "1", "--host", "127.0.0.1",
                                             "--port", str(p)]}

@@ -31,6 +31,31 @@ LIVE, SCRATCH = 0, 1
 _backend_ready = False
 
 
+def cpu_has_amx(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU has AMX tiles (the `amx_tile` flag of /proc/cpuinfo; False where it cannot be read)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return False
+    return any(line.startswith("flags") and "amx_tile" in line.split() for line in cpuinfo.splitlines())
+
+
+def extra_buffers_allowed(cpuinfo: str | None = None) -> bool:
+    """Whether llama.cpp may repack weights into its extra buffer types (AMX, CPU_REPACK).
+
+    Off on CPUs with AMX: llama.cpp 0.3.36's AMX matmul segfaults in the first decode on some of them (every
+    test that decodes crashed on a Xeon with amx_tile; with repacking off all pass; llama.cpp issue #20824,
+    and PR #26954: worker threads run tile instructions without the XTILEDATA permission). Elsewhere the
+    weights are repacked as usual. NEXUS_LLAMA_EXTRA_BUFTS=1 or 0 overrides.
+    """
+    forced = os.environ.get("NEXUS_LLAMA_EXTRA_BUFTS")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return not cpu_has_amx(cpuinfo)
+
+
 def default_threads() -> tuple[int, int]:
     """(decode, batch) threads: llama-cpp-python's own defaults, overridable with NEXUS_THREADS.
 
@@ -61,6 +86,7 @@ class LlamaCppBackend:
             C.llama_backend_init()
             _backend_ready = True
         params = C.llama_model_default_params()
+        params.use_extra_bufts = extra_buffers_allowed()
         self._model = C.llama_model_load_from_file(src.path.encode(), params)
         if not self._model:
             raise ModelError(f"{src.path}: llama.cpp could not load this model (architecture {arch!r})")

@@ -1,5 +1,6 @@
-"""A real llama-cpp-python server (`python -m llama_cpp.server`) on 127.0.0.1 over the packaged GGUF, started once
-per test session and stopped by its PID; the openai backend pointed at it."""
+"""A real llama-cpp-python server (`python -m llama_cpp.server`, started through `native.llamacpp_peer` for the
+same weight-repacking rule as our backend) on 127.0.0.1 over the packaged GGUF, started once per test session
+and stopped by its PID; the openai backend pointed at it."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def openai_server(tmp_path_factory):
 
     port = _free_port()
     log = tmp_path_factory.mktemp("llama-server") / "server.log"
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", default_model_path(), "--host", "127.0.0.1",
+    cmd = [sys.executable, "-m", "native.llamacpp_peer", "--model", default_model_path(), "--host", "127.0.0.1",
            "--port", str(port), "--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", "2048"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -16,6 +16,7 @@ from typing import Any
 
 from nexus_agent.json_cursor import schema_at
 
+MAX_TOKEN_BYTES = 24  # the longest token (in bytes) the copy tables index
 NUMBER = re.compile(rb"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\w|\.\d)")
 
 
@@ -90,6 +91,13 @@ def names_word(word: str, names: list[str]) -> bool:
         if len(os.path.commonprefix([w, n])) >= min(4, len(w), len(n)):
             return True
     return False
+
+
+def enum_named(sub: dict, request: str) -> list[bytes]:
+    """The enum strings of schema `sub` that `request` (lower case) names as a word, escaped: the copies an
+    enum parameter may take."""
+    vals = [v for v in sub.get("enum") or [] if isinstance(v, str) and v]
+    return [_escaped(v) for v in vals if re.search(rf"(?<!\w){re.escape(v.lower())}(?!\w)", request)]
 
 
 def numbers_in(text: str) -> list[bytes]:

@@ -14,17 +14,14 @@ same bias, so a copy that could go on competes with stopping by the model's own 
 tilts the choice between copying and inventing, it never decides which span or where it ends. The grammar
 mask runs before this processor, so a value the schema forbids stays impossible (enums, types, bounds).
 
-Beside the model's likelihood, the ranking reads how requests introduce values: a word naming a parameter
-comes right before its value or right after it ("titled *apples*", "*28* days"; `_anchor`), and joining words
-end a value ("apples *with the* body"; `_joiners`). Which optional keys are written follows the request too:
-the first key, then only the keys it names (`_key_order`).
-
-The sources, spans and provenance are in `copy_sources.py`; following the JSON in `json_cursor.py`.
+Beside the model's likelihood, the ranking reads how requests introduce values (`span_priors.py`: a word
+naming a parameter comes right before or right after its value, joining words end one). Which optional keys
+are written follows the request too (`key_choice.py`). The sources, spans and provenance are in
+`copy_sources.py`; following the JSON in `json_cursor.py`.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from functools import lru_cache
 
@@ -32,27 +29,22 @@ import numpy as np
 
 from nexus_agent.constrained import _REFS, token_bytes
 from nexus_agent.copy_sources import (
+    MAX_TOKEN_BYTES,
     NUMBER,
     Source,
     _escaped,
     _word_end,
     _word_starts,
-    name_words,
-    names_word,
+    enum_named,
     numbers_in,
 )
 from nexus_agent.json_cursor import JsonCursor, json_types, schema_at
+from nexus_agent.key_choice import KeyChoice
+from nexus_agent.span_priors import USED_PENALTY, anchor, joiners, overlap_prior, sibling_rank, taken
 
 DEFAULT_BIAS = 4.0  # logits; chosen on the agent suite and BFCL by `nexus eval arguments --bias` (README)
-MAX_TOKEN_BYTES = 24
-USED_PENALTY = 2.0
-ORDER_PENALTY = 1.0
-JOINER_PENALTY = 1.0
-ANCHOR_BONUS = 1.0
-KEY_BIAS = 2.0
-# Words that join the values of a request rather than belong to one ("titled apples *with* the body ...").
-JOINERS = frozenset(b"a an and as at by for from in into of on or than that the then to via which with".split())
-_JOINER_TEXT = frozenset(w.decode() for w in JOINERS)
+JOINER_PENALTY = 1.0  # per joining word inside a string copy (`span_priors.joiners`)
+ANCHOR_BONUS = 1.0  # per point of `span_priors.anchor`
 _STRING_CLOSERS = set(b'",}] \n')
 _NUMBER_CLOSERS = set(b",}] \n")
 
@@ -85,7 +77,7 @@ class CopyBias:
     (the `rank_starts` likeliest starts, every number written in a source, every enum value the request
     names) are scored by the model's own mean log-likelihood per token of the whole value, closing quote or
     delimiter included (`_score`: one `forward_logits` pass over each candidate, then removed from the
-    session), plus the priors of `_prior`, and the best one is forced token by token. Over its first token
+    session), plus the priors of `span_priors`, and the best one is forced token by token. Over its first token
     alone a small model picks `file` for "the file /tmp/repo"; over the whole value it picks the path. Place
     it after the grammar mask: a forced token the grammar forbids is simply not taken, and the copy is
     dropped (the value goes on under the bias alone).
@@ -106,7 +98,6 @@ class CopyBias:
         self.starts = [_word_starts(b) for b, _ in self.texts]
         self.numbers = [n for s in sources for n in numbers_in(s.text)]
         self.request = " ".join(s.text for s in sources if s.kind == "request").lower()
-        self.request_words = [w for w in self.request.split() if w.strip(",.;:?!'\"()") not in _JOINER_TEXT]
         self.plan: list[int] = []  # tokens still to force for the chosen copy
         self.used: list[tuple[int, int, int]] = []  # (source, start, end) of every copy ranked so far
         self.forced: int | None = None  # the token forced last
@@ -114,11 +105,8 @@ class CopyBias:
         self.decided = 0  # cursor.values of the last value ranked (or left to the model)
         self.boosted = 0  # steps at which some token was boosted
         self.ranked: list[dict] = []  # one entry per ranked value: the candidates and the pick (for the trace)
-
-    def _enum_copies(self, sub: dict) -> list[bytes]:
-        """Enum strings the request names (case-insensitive, as a word): copies for an enum parameter."""
-        vals = [v for v in sub.get("enum") or [] if isinstance(v, str) and v]
-        return [_escaped(v) for v in vals if re.search(rf"(?<!\w){re.escape(v.lower())}(?!\w)", self.request)]
+        self.keys = KeyChoice(self.schema, self.cursor, self.request, self.texts, self.used, self.index,
+                              self.close_obj, self.comma, bias)
 
     def _string_copies(self, content: bytes) -> list[tuple[bytes, tuple[int, int]]]:
         """(remainder, (source, start)) of the source spans that begin with `content` (the string value so
@@ -162,190 +150,9 @@ class CopyBias:
             for m in NUMBER.finditer(text):
                 lit = m.group(0).replace(b",", b"")
                 if ("number" in types or b"." not in lit) and lit.startswith(prefix) and lit != prefix \
-                        and not self._taken(k, m.start()):
+                        and not taken(self.used, k, m.start()):
                     out.append((lit[len(prefix):], (k, m.start())))
         return out
-
-    def _taken(self, k: int, p: int) -> bool:
-        """Whether position `p` of source `k` lies in a copy made already (a number fills one parameter)."""
-        return any(kk == k and s <= p < e for kk, s, e in self.used)
-
-    def _prior(self, where: tuple[int, int, int], rank: int | None, positions: list[tuple[int, int]]) -> float:
-        """A copy's prior, beside the model's score: a value copied already is less likely again (-USED_PENALTY),
-        and numbers (and values of one enum) fill parameters in the order the request writes them:
-        `rank` is the parameter's place among its siblings of that kind in the schema's order, and the
-        candidate costs ORDER_PENALTY per place its position among `positions` (same source) is off."""
-        k, start, end = where
-        prior = -USED_PENALTY if any(kk == k and s < end and start < e for kk, s, e in self.used) else 0.0
-        if rank is not None:
-            mine = sorted({p for kk, p in positions if kk == k})
-            if start in mine:
-                prior -= ORDER_PENALTY * abs(mine.index(start) - rank)
-        return prior
-
-    def _joiners(self, where: tuple[int, int, int]) -> int:
-        """How many words of a copied span, past its first, are JOINERS (a quoted text is copied whole: 0).
-        The model's likelihood runs a copy on into the next value ("apples with the body"), as a copying
-        model continues whatever it copies; the words that join a request's values mark where one ends."""
-        k, start, end = where
-        text = self.texts[k][0]
-        if start > 0 and text[start - 1] in b"'`\"":
-            return 0
-        return sum(w.lower().strip(b",.;:") in JOINERS for w in text[start:end].split()[1:])
-
-    def _anchor(self, where: tuple[int, int, int]) -> int:
-        """Requests name a parameter, then give its value. +1 when the nearest word before a span that names a
-        parameter names this one ("titled *apples*", "the repository at */tmp/r*"), -2 when it names a
-        sibling ("the body *'buy apples'*" for the title: as if that sibling had used it), 0 when none of the
-        3 words before it names one; -1 per word of the span that names a sibling (a label, not a value);
-        after an unquoted span, the word right after it is a label as well ("*28* days": +1 for `days`, -2
-        for `date`)."""
-        path = self.cursor.path()
-        if not path or path[-1] == "[]":
-            return 0
-        props = schema_at(self.schema, path[:-1]).get("properties") or {}
-        k, start, end = where
-        text = self.texts[k][0]
-        mine = name_words(path[-1])
-        others = [name_words(p) for p in props if p != path[-1]]
-
-        def nearest(words) -> int:
-            for word in words:
-                bare = word.lower().strip(",.;:?!'\"`()")
-                if not bare or bare in _JOINER_TEXT:
-                    continue
-                if names_word(word, mine):
-                    return 1
-                return -2 if any(names_word(word, o) for o in others) else 0
-            return 0
-
-        score = nearest(reversed(text[:start].decode("utf-8", "ignore").split()[-3:]))
-        inside = text[start:end].decode("utf-8", "ignore").split()
-        score -= sum(any(names_word(w, o) for o in others) for w in inside)  # it holds a sibling's label
-        quoted = start > 0 and text[start - 1] in b"'`\""
-        after = text[end:].decode("utf-8", "ignore").split()[:1]
-        if quoted or not after or after[0].lower().strip(",.;:?!'\"`()") in _JOINER_TEXT:
-            return score
-        return score + nearest(after)  # a label right after: "*28* days"
-
-    def _sibling_rank(self, sub: dict) -> int | None:
-        """The current parameter's place among the parent object's parameters of the same kind (numbers, or
-        the same enum), in the schema's order; None when it has no such sibling."""
-        path = self.cursor.path()
-        if not path or path[-1] == "[]":
-            return None
-        props = schema_at(self.schema, path[:-1]).get("properties") or {}
-        numeric = {"number", "integer"}
-
-        def kind(s):
-            if not isinstance(s, dict):
-                return None
-            if s.get("enum"):
-                return ("enum", json.dumps(s["enum"], sort_keys=True))
-            return "number" if json_types(s) <= numeric and "type" in s else None
-
-        mine = kind(sub)
-        same = [name for name, s in props.items() if mine is not None and kind(s) == mine]
-        return same.index(path[-1]) if len(same) > 1 and path[-1] in same else None
-
-    def _named(self, key: str, sub: dict) -> bool:
-        """Whether the request gives evidence for parameter `key`: a word of it names the key (`names_word`),
-        or it names one of the key's enum values."""
-        words = name_words(key)
-        return any(names_word(w, words) for w in self.request_words) or bool(self._enum_copies(sub))
-
-    def _wanted(self, obj: dict, remaining: list[str]) -> list[str]:
-        """The keys of `remaining` that are required or that the request names, in schema order."""
-        props, required = obj.get("properties") or {}, set(obj.get("required") or [])
-        return [k for k in remaining
-                if k in required or self._named(k, props[k] if isinstance(props[k], dict) else {})]
-
-    def _left(self, want) -> list[str]:
-        """The keys of the object being written not written yet whose JSON types satisfy `want(types)`."""
-        path = self.cursor.path()
-        props = schema_at(self.schema, path[:-1]).get("properties") if path and path[-1] != "[]" else None
-        if not isinstance(props, dict):
-            return []
-        written = self.cursor.keys_written()
-        return [k for k, v in props.items()
-                if k not in written and want(json_types(v if isinstance(v, dict) else {}))]
-
-    def _leftover(self) -> bool:
-        """Whether the request still holds a value no copy has taken that a key left could take: a number (for
-        a numeric key), a quoted text or a capitalized word that does not start a sentence (for a string
-        key: "maybe something with *Jim Carrey* in it"). Then the model decides whether another key takes it."""
-        numeric = bool(self._left(lambda t: t & {"number", "integer"}))
-        strings = bool(self._left(lambda t: "string" in t))
-        for k, (text, kind) in enumerate(self.texts):
-            if kind != "request":
-                continue
-            spots = [m.start() for m in NUMBER.finditer(text)] if numeric else []
-            if strings:
-                spots += [m.end() - 1 for m in re.finditer(rb"""(?:^|\s)['"`]\S""", text)]  # a quoted text
-                spots += [m.end() - 1 for m in re.finditer(rb"[^.?!\s]\s+[A-Z]", text)]
-            if any(not any(kk == k and s <= p < e for kk, s, e in self.used) for p in spots):
-                return True
-        return False
-
-    def _ends_object(self) -> bool:
-        """Whether the value being written is the object's last by `_key_order`'s rule: no key left that is
-        required or named by the request, and no value left in the request (`_leftover`); a `"}` closer is
-        then preferred to `",`."""
-        path = self.cursor.path()
-        if not path or path[-1] == "[]":
-            return False
-        obj = schema_at(self.schema, path[:-1])
-        props = obj.get("properties")
-        if not isinstance(props, dict):
-            return False
-        written = self.cursor.keys_written()
-        return not self._wanted(obj, [k for k in props if k not in written]) and not self._leftover()
-
-    def _closer_tilt(self, out: np.ndarray, closers: np.ndarray) -> np.ndarray:
-        """+bias (the copy bias: the request's evidence against one more key) on the closers without a comma
-        when `_ends_object`. A value's closer often carries the comma (`",`): the choice to go on is made
-        there, not at a key."""
-        if self._ends_object():
-            n = min(len(out), len(closers))
-            out[:n] = np.where(closers[:n] & ~self.comma[:n], out[:n] + self.bias, out[:n])
-        return out
-
-    def _key_order(self, logits: np.ndarray) -> np.ndarray:
-        """At an object key with a choice, +KEY_BIAS on one choice. The grammar writes keys in the schema's
-        order and lets the model skip any optional one: a small model skips the main one or adds one the
-        request says nothing about (`"tag": "notes"` for "Search my notes for music"). The choice tilted
-        toward: in an empty object, its first key (an API puts its main parameter first); later, the first key
-        left that is required or that the request names (`_named`); with none such, closing the object (by
-        the copy bias, as `_closer_tilt`)."""
-        kp = b"" if self.cursor.member_done() else self.cursor.key_prefix()
-        if kp is None:
-            return logits
-        obj = schema_at(self.schema, self.cursor.path()[:-1])
-        props = obj.get("properties")
-        if not isinstance(props, dict):
-            return logits
-        written = self.cursor.keys_written()
-        remaining = [k for k in props if k not in written]
-        if not remaining:
-            return logits
-        wanted = self._wanted(obj, remaining)
-        target = remaining[0] if not written else wanted[0] if wanted else None
-        boost = np.zeros(len(logits), dtype=bool)
-        if self.cursor.member_done() and target is not None:
-            return logits  # a `,` and then that key: tilted when its key starts
-        if target is None:  # nothing the request asks for is left: tilt toward closing, as `_closer_tilt`
-            if kp or self._leftover():
-                return logits
-            n = min(len(logits), len(self.close_obj))
-            boost[:n] = self.close_obj[:n]
-            return np.where(boost, logits + self.bias, logits)
-        full = b'"' + _escaped(target) + b'": '
-        if not full.startswith(kp) or len(full) == len(kp):
-            return logits
-        rest = full[len(kp):]
-        for n in range(1, min(MAX_TOKEN_BYTES, len(rest)) + 1):
-            boost[[i for i in self.index.get(rest[:n], ()) if i < len(logits)]] = True
-        return np.where(boost, logits + KEY_BIAS, logits) if boost.any() else logits
 
     def candidates(self, prefix: bytes, sub: dict) -> tuple[set[int], bool]:
         """(token ids that continue a copy of the value `prefix`, whether closing the value now ends one)."""
@@ -359,7 +166,7 @@ class CopyBias:
 
         if "string" in types and prefix[:1] in (b"", b'"'):
             content = prefix[1:]
-            for b in self._enum_copies(sub):
+            for b in enum_named(sub, self.request):
                 if b.startswith(content):
                     rest = b[len(content):]
                     extend(rest if prefix else b'"' + rest)
@@ -375,7 +182,7 @@ class CopyBias:
         if types & {"number", "integer"} and prefix[:1] != b'"':
             free = self._numbers(types) if prefix else {
                 m.group(0).replace(b",", b"") for k, (text, _) in enumerate(self.texts)
-                for m in NUMBER.finditer(text) if not self._taken(k, m.start())
+                for m in NUMBER.finditer(text) if not taken(self.used, k, m.start())
                 and ("number" in types or b"." not in m.group(0))}
             for lit in free:
                 if lit.startswith(prefix):
@@ -438,7 +245,7 @@ class CopyBias:
         if best_copy < best_free:
             return
         string = prefix[:1] == b'"'
-        rank = self._sibling_rank(sub) if (not string or "enum" in sub) else None
+        rank = sibling_rank(self.schema, self.cursor.path(), sub) if (not string or "enum" in sub) else None
         if string and "enum" in sub:
             cands = self._enum_spans(prefix[1:], sub)
         elif string:
@@ -446,26 +253,25 @@ class CopyBias:
             first = _log_softmax(logits)
             head = [max((first[i] for n in range(1, min(MAX_TOKEN_BYTES, len(r)) + 1)
                          for i in self.index.get(r[:n], ())), default=-np.inf) +
-                    self._prior((*w, w[1] + 1), None, []) for r, w in cands]
+                    overlap_prior(self.used, (*w, w[1] + 1), None, []) for r, w in cands]
             order = np.argsort(-np.array(head), kind="stable")[: self.rank_starts] if cands else []
             cands = [cands[i] for i in order]
         else:
             cands = self._number_copies(prefix, json_types(sub))
         if self.cursor.path()[-1:] == ("[]",):  # an array item: never a copy the array (or a key) took already
-            cands = [(r, (k, p)) for r, (k, p) in cands
-                     if not any(kk == k and s <= p < e for kk, s, e in self.used)]
+            cands = [(r, (k, p)) for r, (k, p) in cands if not taken(self.used, k, p)]
         positions = [w for _, w in cands]
-        numeric_left = string and bool(self._left(lambda t: t & {"number", "integer"}))
+        numeric_left = string and bool(self.keys.left(lambda t: t & {"number", "integer"}))
         done = len(prefix) - (1 if string else 0)  # value bytes already written before the copy
         scored = []
         for s, toks, (k, p) in self._score(logits, cands, string, word_ends=string and "enum" not in sub):
             span = (k, p, p + done + sum(len(self.tb[t]) for t in toks))
-            prior = self._prior(span, rank, positions)
+            prior = overlap_prior(self.used, span, rank, positions)
             if string and "enum" not in sub:
-                prior -= JOINER_PENALTY * self._joiners(span)
+                prior -= JOINER_PENALTY * joiners(self.texts[k][0], span[1], span[2])
                 if numeric_left and NUMBER.fullmatch(self.texts[k][0][span[1]:span[2]]):
                     prior -= USED_PENALTY  # a number is for the numeric parameter still to come
-            prior += ANCHOR_BONUS * self._anchor(span)
+            prior += ANCHOR_BONUS * anchor(self.texts[k][0], span[1], span[2], self.schema, self.cursor.path())
             scored.append((s + prior, toks, span))
         if not scored:
             return
@@ -493,7 +299,7 @@ class CopyBias:
         closers = self.close_str if self.cursor.in_string else self.close_num
         n = min(len(out), len(closers))
         out[:n] = np.where(closers[:n], out[:n] + 1e4, out[:n])
-        return self._closer_tilt(out, closers)
+        return self.keys.closer_tilt(out, closers)
 
     def __call__(self, tokens: list[int], logits: np.ndarray) -> np.ndarray:
         for t in tokens[self.seen:]:
@@ -508,7 +314,7 @@ class CopyBias:
         if self.bias == 0:
             return logits
         if prefix is None:
-            return self._key_order(logits)
+            return self.keys(logits)
         sub = schema_at(self.schema, self.cursor.path())
         ids, closes = self.candidates(prefix, sub)
         if self.session is not None:
@@ -530,7 +336,7 @@ class CopyBias:
             boost[: len(closers)] |= closers[: len(logits)]
         self.boosted += 1
         out = np.where(boost, logits + self.bias, logits)
-        return self._closer_tilt(out, self.close_str if prefix[:1] == b'"' else self.close_num) if closes else out
+        return self.keys.closer_tilt(out, self.close_str if prefix[:1] == b'"' else self.close_num) if closes else out
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

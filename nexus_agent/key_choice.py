@@ -1,0 +1,131 @@
+"""Which optional keys an argument object gets, and where it closes: read from the request.
+
+The grammar writes an object's keys in the schema's order and lets the model skip any optional one. A small
+model skips the main one, or adds one the request says nothing about (`"tag": "notes"` for "Search my notes
+for music"). `KeyChoice` tilts that choice for `CopyBias`: in an empty object toward its first key (an API
+puts its main parameter first); later toward the first key left that is required or that the request names
+(`named`); with none such and no value of the request left untaken (`leftover`), toward closing the object.
+A value's closer often carries the comma (`",`): the choice to go on is then made there (`closer_tilt`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from nexus_agent.copy_sources import MAX_TOKEN_BYTES, NUMBER, _escaped, enum_named, name_words, names_word
+from nexus_agent.json_cursor import JsonCursor, json_types, schema_at
+from nexus_agent.span_priors import JOINER_TEXT, taken
+
+KEY_BIAS = 2.0  # logits on the tokens of the key chosen next
+
+
+class KeyChoice:
+    """The key-choice tilt for the object `cursor` is writing under `schema`.
+
+    `request` is the request's text, lower case; `texts` the escaped sources as (bytes, kind); `used` the
+    copies made so far (shared with `CopyBias`, which appends to it); `index` maps token bytes to token ids;
+    `close_obj` and `comma` mark the tokens that close an object and that hold a comma; `bias` is the copy
+    bias, used for the tilt toward closing.
+    """
+
+    def __init__(self, schema: dict, cursor: JsonCursor, request: str, texts: list[tuple[bytes, str]],
+                 used: list[tuple[int, int, int]], index: dict[bytes, list[int]], close_obj: np.ndarray,
+                 comma: np.ndarray, bias: float):
+        self.schema, self.cursor, self.request, self.texts, self.used = schema, cursor, request, texts, used
+        self.index, self.close_obj, self.comma, self.bias = index, close_obj, comma, bias
+        self.request_words = [w for w in request.split() if w.strip(",.;:?!'\"()") not in JOINER_TEXT]
+
+    def named(self, key: str, sub: dict) -> bool:
+        """Whether the request gives evidence for parameter `key`: a word of it names the key (`names_word`),
+        or it names one of the key's enum values."""
+        words = name_words(key)
+        return any(names_word(w, words) for w in self.request_words) or bool(enum_named(sub, self.request))
+
+    def wanted(self, obj: dict, remaining: list[str]) -> list[str]:
+        """The keys of `remaining` that are required or that the request names, in schema order."""
+        props, required = obj.get("properties") or {}, set(obj.get("required") or [])
+        return [k for k in remaining
+                if k in required or self.named(k, props[k] if isinstance(props[k], dict) else {})]
+
+    def left(self, want) -> list[str]:
+        """The keys of the object being written not written yet whose JSON types satisfy `want(types)`."""
+        path = self.cursor.path()
+        props = schema_at(self.schema, path[:-1]).get("properties") if path and path[-1] != "[]" else None
+        if not isinstance(props, dict):
+            return []
+        written = self.cursor.keys_written()
+        return [k for k, v in props.items()
+                if k not in written and want(json_types(v if isinstance(v, dict) else {}))]
+
+    def leftover(self) -> bool:
+        """Whether the request still holds a value no copy has taken that a key left could take: a number (for
+        a numeric key), a quoted text or a capitalized word that does not start a sentence (for a string
+        key: "maybe something with *Jim Carrey* in it"). Then the model decides whether another key takes it."""
+        numeric = bool(self.left(lambda t: t & {"number", "integer"}))
+        strings = bool(self.left(lambda t: "string" in t))
+        for k, (text, kind) in enumerate(self.texts):
+            if kind != "request":
+                continue
+            spots = [m.start() for m in NUMBER.finditer(text)] if numeric else []
+            if strings:
+                spots += [m.end() - 1 for m in re.finditer(rb"""(?:^|\s)['"`]\S""", text)]  # a quoted text
+                spots += [m.end() - 1 for m in re.finditer(rb"[^.?!\s]\s+[A-Z]", text)]
+            if any(not taken(self.used, k, p) for p in spots):
+                return True
+        return False
+
+    def ends_object(self) -> bool:
+        """Whether the value being written is the object's last: no key left that is required or named by
+        the request, and no value left in the request (`leftover`)."""
+        path = self.cursor.path()
+        if not path or path[-1] == "[]":
+            return False
+        obj = schema_at(self.schema, path[:-1])
+        props = obj.get("properties")
+        if not isinstance(props, dict):
+            return False
+        written = self.cursor.keys_written()
+        return not self.wanted(obj, [k for k in props if k not in written]) and not self.leftover()
+
+    def closer_tilt(self, out: np.ndarray, closers: np.ndarray) -> np.ndarray:
+        """+bias (the request's evidence against one more key) on the value closers without a comma when
+        `ends_object`: a `"}` closer is then preferred to `",`."""
+        if self.ends_object():
+            n = min(len(out), len(closers))
+            out[:n] = np.where(closers[:n] & ~self.comma[:n], out[:n] + self.bias, out[:n])
+        return out
+
+    def __call__(self, logits: np.ndarray) -> np.ndarray:
+        """At an object key with a choice, +KEY_BIAS on the tokens of the key chosen (module docstring), or
+        +bias on the object's closers when nothing the request asks for is left."""
+        kp = b"" if self.cursor.member_done() else self.cursor.key_prefix()
+        if kp is None:
+            return logits
+        obj = schema_at(self.schema, self.cursor.path()[:-1])
+        props = obj.get("properties")
+        if not isinstance(props, dict):
+            return logits
+        written = self.cursor.keys_written()
+        remaining = [k for k in props if k not in written]
+        if not remaining:
+            return logits
+        wanted = self.wanted(obj, remaining)
+        target = remaining[0] if not written else wanted[0] if wanted else None
+        boost = np.zeros(len(logits), dtype=bool)
+        if self.cursor.member_done() and target is not None:
+            return logits  # a `,` and then that key: tilted when its key starts
+        if target is None:  # nothing the request asks for is left: tilt toward closing
+            if kp or self.leftover():
+                return logits
+            n = min(len(logits), len(self.close_obj))
+            boost[:n] = self.close_obj[:n]
+            return np.where(boost, logits + self.bias, logits)
+        full = b'"' + _escaped(target) + b'": '
+        if not full.startswith(kp) or len(full) == len(kp):
+            return logits
+        rest = full[len(kp):]
+        for n in range(1, min(MAX_TOKEN_BYTES, len(rest)) + 1):
+            boost[[i for i in self.index.get(rest[:n], ()) if i < len(logits)]] = True
+        return np.where(boost, logits + KEY_BIAS, logits) if boost.any() else logits

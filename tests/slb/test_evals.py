@@ -42,6 +42,25 @@ def test_routing_eval_keys_and_no_fitting_on_scored_queries(tmp_path):
     assert (tmp_path / "acc.png").stat().st_size > 5000
 
 
+def test_routing_eval_takes_another_embedder_and_caches_each_apart(tmp_path, nexus_home):
+    """--embedder: a model folder is embedded and cached under its own id, never served the packaged model's cache."""
+    import evals.routing as routing
+    from slb.embedder import packaged_minilm_path
+
+    tools = tmp_path / "tools.jsonl"
+    tools.write_text("".join(json.dumps(t) + "\n" for t in TOOLS))
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("".join(json.dumps({"query": q, "gold_tool": g}) + "\n" for q, g in QUERIES))
+    argv = ["--tools", str(tools), "--queries", str(queries), "--sizes", "4", "--reranker", "none"]
+    packaged = routing.run(_args(routing, argv))
+    folder = routing.run(_args(routing, [*argv, "--embedder", str(packaged_minilm_path())]))
+    assert packaged["embedder"].startswith("packaged:") and folder["embedder"].startswith("path:")
+    assert len(list((nexus_home / "slb" / "eval-cache").glob("*.npy"))) == 2
+    assert folder["sizes"]["4"]["top1_embed"] == packaged["sizes"]["4"]["top1_embed"]  # the same model's weights
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        routing.run(_args(routing, [*argv, "--embedder", str(tmp_path / "nowhere")]))
+
+
 def test_routing_eval_reads_tools_with_descriptions_only(tmp_path):
     """MetaTool-style catalogues: name and description, no inputSchema."""
     import evals.routing as routing

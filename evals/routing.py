@@ -319,7 +319,7 @@ def _train_rerankers(tools, emb, labelled: dict, args) -> tuple[dict, float | No
 
 def table(r: dict) -> str:
     """Markdown: per registry size, top-1 accuracy of each stage, the auto-route rate and precision, the share of
-    irrelevant prompts routed to none and the p50 route time."""
+    irrelevant prompts routed to none, the route time after the query embedding and the whole decision's time."""
 
     def none_precision(s):  # null when the eval ran without --irrelevant
         v = s.get("none_precision")
@@ -327,11 +327,11 @@ def table(r: dict) -> str:
 
     return md_table(["tools", "top-1 float32", "top-1 INT8", "top-1 routed", "top-1 routed (no CE)",
                      "top-1 learned (sequential)", "auto-routed", "auto precision", "irrelevant → none",
-                     "relevant → none", "route p50 (ms)", "route p99 (ms)"],
+                     "relevant → none", "route p50 (ms)", "route p99 (ms)", "decision p50 (ms)", "decision p99 (ms)"],
                     [[n, pct(s["top1_embed"]), pct(s["top1_int8"]), pct(s["top1_routed"]),
                       pct(s.get("top1_routed_lex")), pct(s.get("top1_learned")), pct(s["auto_rate"]),
                       pct(s["auto_precision"]), none_precision(s), pct(s.get("relevant_to_none")), s["route_ms_p50"],
-                      s.get("route_ms_p99")]
+                      s.get("route_ms_p99"), s.get("decision_ms_p50"), s.get("decision_ms_p99")]
                      for n, s in sorted(r["sizes"].items(), key=lambda kv: int(kv[0]))])
 
 

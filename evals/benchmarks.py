@@ -84,7 +84,7 @@ BENCHMARKS: list[Benchmark] = [
               "distractors).",
         add_arguments=routing.add_arguments, run=routing.run, table=routing.table, figures=routing.FIGURES,
         plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes",
-              "10,50,100,250,1000,2052", "--train-steps", "150", "--irrelevant", "{data}/queries_irrelevant.jsonl"),
+              "10,50,100,250,1000,2052", "--reranker", "none", "--irrelevant", "{data}/queries_irrelevant.jsonl"),
         quick_plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50,250,1000",
                     "--reranker", "none", "--irrelevant", "{data}/queries_irrelevant.jsonl"),
         tiny_plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50",

@@ -60,9 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="none test: floor (top-1 cosine) | fitted (score + weight x margin, fitted with leave-gold-out "
                         "negatives; measured +1.4 points irrelevant -> none at 250 tools for +0.5 relevant -> none)")
     p.add_argument("--quantize", action="store_true", help="dynamic INT8 embedder for tools and queries")
-    p.add_argument("--embedder", default="packaged:all-MiniLM-L6-v2",
-                   help="packaged model or a sentence-transformers model folder, to compare encoders on the same "
-                        "registries (the cross-encoder is still trained from the packaged MiniLM)")
+    p.add_argument("--embedder", default=None,
+                   help="a sentence-transformers model folder (default: the packaged all-MiniLM-L6-v2), to compare "
+                        "encoders on the same registries (the cross-encoder is still trained from the packaged MiniLM)")
     p.add_argument("--timed", type=int, default=100, help="queries timed as whole decisions (decision_ms_*)")
     p.add_argument("--learn-cap", type=int, default=32, help="learned example rows kept per tool (top1_learned)")
     p.add_argument("--examples", choices=EXAMPLES, default="none",
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> dict:
 
     from registry.atomic import write_atomic
     from registry.home import home_path
-    from slb.embedder import Embedder, EmbedderConfig
+    from slb.embedder import PACKAGED_MODEL, Embedder, EmbedderConfig
     from slb.gate import GateConfig, gate_stats, none_score, pick_tau
     from slb.reranker import Reranker, registry_fingerprint
     from slb.scan import scan
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> dict:
     cross_fit = len(calib) < 20
     if cross_fit:  # thresholds for fold f come from the other fold of the scored set
         calib = []
-    emb = Embedder(EmbedderConfig(model=args.embedder, recipe=args.recipe, quantize=args.quantize))
+    emb = Embedder(EmbedderConfig(model=args.embedder or PACKAGED_MODEL, recipe=args.recipe, quantize=args.quantize))
     t0 = time.perf_counter()
     model_tag = hashlib.sha256(emb.model_id.encode()).hexdigest()[:8]  # model, INT8 or not, and recipe
     cache = home_path("slb", "eval-cache", f"{registry_fingerprint(tools, args.recipe)}-{model_tag}.npy")

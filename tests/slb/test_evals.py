@@ -18,13 +18,18 @@ def _args(module, argv):
     return a
 
 
+def _data(tmp_path, tools=TOOLS):
+    """(tools.jsonl, q.jsonl) paths in tmp_path holding `tools` and the labelled QUERIES."""
+    t, q = tmp_path / "tools.jsonl", tmp_path / "q.jsonl"
+    t.write_text("".join(json.dumps(x) + "\n" for x in tools))
+    q.write_text("".join(json.dumps({"query": a, "gold_tool": g}) + "\n" for a, g in QUERIES))
+    return t, q
+
+
 def test_routing_eval_keys_and_no_fitting_on_scored_queries(tmp_path):
     import evals.routing as routing
 
-    tools = tmp_path / "tools.jsonl"
-    tools.write_text("".join(json.dumps(t) + "\n" for t in TOOLS))
-    queries = tmp_path / "q.jsonl"
-    queries.write_text("".join(json.dumps({"query": q, "gold_tool": g}) + "\n" for q, g in QUERIES))
+    tools, queries = _data(tmp_path)
     irr = tmp_path / "irr.jsonl"
     irr.write_text(json.dumps({"query": "haha nice one", "gold_tool": None}) + "\n")
     # --calib is the scored set itself: nothing is left after removing scored queries -> cross-fitting
@@ -47,10 +52,7 @@ def test_routing_eval_takes_another_embedder_and_caches_each_apart(tmp_path, nex
     import evals.routing as routing
     from slb.embedder import packaged_minilm_path
 
-    tools = tmp_path / "tools.jsonl"
-    tools.write_text("".join(json.dumps(t) + "\n" for t in TOOLS))
-    queries = tmp_path / "q.jsonl"
-    queries.write_text("".join(json.dumps({"query": q, "gold_tool": g}) + "\n" for q, g in QUERIES))
+    tools, queries = _data(tmp_path)
     argv = ["--tools", str(tools), "--queries", str(queries), "--sizes", "4", "--reranker", "none"]
     packaged = routing.run(_args(routing, argv))
     folder = routing.run(_args(routing, [*argv, "--embedder", str(packaged_minilm_path())]))
@@ -65,10 +67,7 @@ def test_routing_eval_reads_tools_with_descriptions_only(tmp_path):
     """MetaTool-style catalogues: name and description, no inputSchema."""
     import evals.routing as routing
 
-    tools = tmp_path / "tools.jsonl"
-    tools.write_text("".join(json.dumps({"name": t["name"], "description": t["description"]}) + "\n" for t in TOOLS))
-    queries = tmp_path / "q.jsonl"
-    queries.write_text("".join(json.dumps({"query": q, "gold_tool": g}) + "\n" for q, g in QUERIES))
+    tools, queries = _data(tmp_path, [{"name": t["name"], "description": t["description"]} for t in TOOLS])
     res = routing.run(_args(routing, ["--tools", str(tools), "--queries", str(queries), "--sizes", "4",
                                       "--reranker", "none", "--examples", "template"]))
     row = res["sizes"]["4"]
@@ -91,10 +90,7 @@ def test_cross_fit_trains_one_reranker_per_fold_on_the_other_folds_queries(tmp_p
     import evals.routing as routing
     from slb.reranker import reranker_meta
 
-    tools = tmp_path / "tools.jsonl"
-    tools.write_text("".join(json.dumps(t) + "\n" for t in TOOLS))
-    queries = tmp_path / "q.jsonl"
-    queries.write_text("".join(json.dumps({"query": q, "gold_tool": g}) + "\n" for q, g in QUERIES))
+    tools, queries = _data(tmp_path)
     argv = ["--tools", str(tools), "--queries", str(queries), "--calib", str(queries), "--sizes", "12",
             "--train-steps", "2", "--k", "3", "--plot", str(tmp_path / "acc.png")]
     res = routing.run(_args(routing, argv))

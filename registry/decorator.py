@@ -10,6 +10,8 @@ docstring (its first paragraph; per-parameter text from a Google-style `Args:` s
         '''
 
 `convert.tool` is the validated `registry.model.Tool`; the function itself is unchanged and still callable.
+The schema is closed (`additionalProperties: false`): the function takes exactly its named parameters, so a call
+with any other key is invalid, and the schema says so before the call reaches the function.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def function_tool(fn: Callable, name: str | None = None, description: str | None
         elif p.default is not None:
             schema["default"] = p.default
         props[p.name] = schema
-    input_schema: dict[str, Any] = {"type": "object", "properties": props}
+    # closed: a function without **kwargs takes no other key (an open schema lets `f(x=1)` through to a TypeError)
+    input_schema: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
     if required:
         input_schema["required"] = required
     return Tool.from_mcp({

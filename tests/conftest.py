@@ -10,12 +10,20 @@ import os
 import sys
 
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(__file__))
 
 from native.registry import list_backends  # noqa: E402  (after the environment above)
+
+# Property tests in CI (CI set, as .ci/run does) are derandomized: every run tries the same examples, so a failure
+# reproduces from the log and an unrelated change never turns CI red. Elsewhere they draw fresh examples (and keep
+# failures in .hypothesis/). HYPOTHESIS_PROFILE=ci|default picks one explicitly. Loaded before the test modules
+# import, so their own `settings(...)` inherit it.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "default"))
 
 LOCAL_BACKENDS = list_backends(text_only=False)
 

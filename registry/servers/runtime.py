@@ -5,7 +5,8 @@ on stderr; `--bearer TOKEN` requires `Authorization: Bearer TOKEN`).
 A server is a name plus a list of `Handler`s (a validated `Tool` and a Python callable). The runtime
 - answers `tools/list` in pages of `page_size` tools with a `nextCursor` (large catalogues need pagination);
 - validates each call's arguments against the tool's own input schema with `jsonschema` before the handler
-  runs, so a handler only ever sees arguments its schema allows;
+  runs, and refuses keys a keyword handler's function does not take (even where a schema leaves objects open),
+  so a handler only ever sees arguments its schema allows and its signature accepts;
 - runs the handler in a worker thread, so a slow tool does not stall the server (pings, other HTTP clients);
 - returns the handler's value as JSON text plus `structuredContent` (when it is a JSON object), and turns a
   `ToolInputError` or a schema violation into an error result the caller can read.
@@ -15,8 +16,9 @@ arguments against a signature-derived pydantic model instead of the schema it ad
 
 from __future__ import annotations
 
+import inspect
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from registry.model import Tool
@@ -33,6 +35,21 @@ class Handler:
     tool: Tool
     fn: Callable[..., Any]  # called with the arguments as keyword arguments (or as one dict, see `pass_dict`)
     pass_dict: bool = False
+    takes: frozenset[str] | None = field(init=False, repr=False)  # the keys `fn` accepts; None: any
+
+    def __post_init__(self):
+        self.takes = None if self.pass_dict else keyword_names(self.fn)
+
+
+def keyword_names(fn: Callable) -> frozenset[str] | None:
+    """The names `fn` can take as keyword arguments; None when it takes any (**kwargs) or has no signature."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 def handlers_from_functions(functions: list[Callable]) -> list[Handler]:
@@ -45,13 +62,19 @@ def call_handler(handler: Handler, arguments: dict[str, Any] | None) -> tuple[An
     from registry.model import arguments_error
 
     arguments = arguments or {}
-    error = arguments_error(handler.tool.name, handler.tool.input_schema, arguments)
+    name = handler.tool.name
+    error = arguments_error(name, handler.tool.input_schema, arguments)
     if error is not None:
         return None, error
+    unknown = sorted(set(arguments) - handler.takes) if handler.takes is not None else []
+    if unknown:  # an open schema let a key through that the function cannot take: refuse it, never a TypeError
+        takes = ", ".join(sorted(handler.takes)) or "no arguments"
+        return None, (f"invalid arguments for {name}: $.arguments: unknown key{'s' if len(unknown) > 1 else ''} "
+                      f"{', '.join(map(repr, unknown))}; {name} takes {takes}")
     try:
         value = handler.fn(arguments) if handler.pass_dict else handler.fn(**arguments)
     except ToolInputError as e:
-        return None, f"{handler.tool.name}: {e}"
+        return None, f"{name}: {e}"
     return value, None
 
 

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nexus_agent.loop import validate
@@ -83,11 +83,18 @@ def test_signature_never_crashes_and_names_required_params(name, desc, schema):
 
 
 HANDLERS = {h.tool.name: h for h in handlers_from_functions(CALCULATOR)}
+ARG_NAMES = ["a", "b", "numerator", "denominator", "expression", "x"]
+numbers = st.integers(-10**6, 10**6) | st.floats(allow_nan=False)
+# well-typed values under the calculator's own names, any subset, often with a stray key: calls that pass the types
+# and differ only in their keys (random values alone rarely pass, so an extra key was found only now and then)
+typed_args = st.fixed_dictionaries({}, optional={"a": numbers, "b": numbers, "numerator": numbers,
+                                                 "denominator": numbers, "expression": texts, "x": json_value})
 
 
-@FAST
-@given(tool=st.sampled_from(sorted(HANDLERS)), args=st.dictionaries(st.sampled_from(
-    ["a", "b", "numerator", "denominator", "expression", "x"]), json_value, max_size=3) | json_value)
+@settings(FAST, max_examples=200)  # cheap (no model); a fixed-seed CI run finds a stray key well within this
+@given(tool=st.sampled_from(sorted(HANDLERS)),
+       args=typed_args | st.dictionaries(st.sampled_from(ARG_NAMES), json_value, max_size=3) | json_value)
+@example(tool="evaluate", args={"x": None, "expression": ""})  # found by hypothesis: an open schema passed "x" on
 def test_nothing_schema_invalid_reaches_a_tool(tool, args):
     h = HANDLERS[tool]
     accepted, problem = validate(json.dumps(args), h.tool.input_schema)

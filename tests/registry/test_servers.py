@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from registry.client import SyncToolClient
+from registry.model import Tool
 from registry.servers import BUNDLED, command_for
+from registry.servers.runtime import Handler, call_handler
 
 # server -> (tool, arguments, expected structured result, invalid arguments)
 CALLS = {
@@ -45,8 +47,28 @@ def test_bundled_server(name, small_catalog, tmp_path):
         assert again.structured == first.structured  # deterministic
         rejected = client.call_tool(tool, bad)
         assert rejected.is_error and "invalid arguments" in rejected.text
+        if name != "catalog":  # a catalogue's schemas are its file's; the others come from @tool signatures
+            assert listed[tool]["inputSchema"]["additionalProperties"] is False
+            extra = client.call_tool(tool, args | {"no_such_key": 1})
+            assert extra.is_error and "invalid arguments" in extra.text and "no_such_key" in extra.text, extra.text
         unknown = client.call_tool("no_such_tool", {})
         assert unknown.is_error and "unknown tool" in unknown.text
+
+
+def test_runtime_refuses_keys_the_function_does_not_take():
+    def area(width: float, height: float) -> dict:
+        return {"area": width * height}
+
+    # an open schema (no additionalProperties) lets "depth" through; the runtime still refuses it before the call
+    schema = {"type": "object", "properties": {"width": {"type": "number"}, "height": {"type": "number"}}}
+    tool = Tool.from_mcp({"name": "area", "inputSchema": schema})
+    h = Handler(tool, area)
+    assert call_handler(h, {"width": 2, "height": 3}) == ({"area": 6}, None)
+    assert call_handler(h, {"width": 2, "height": 3, "depth": 4, "unit": "m"}) == (
+        None, "invalid arguments for area: $.arguments: unknown keys 'depth', 'unit'; area takes height, width")
+    # a function taking **kwargs, or the whole dict, gets every key its schema allows
+    assert call_handler(Handler(tool, lambda **kw: sorted(kw)), {"width": 1, "depth": 4}) == (["depth", "width"], None)
+    assert call_handler(Handler(tool, lambda d: sorted(d), pass_dict=True), {"depth": 4}) == (["depth"], None)
 
 
 def test_catalog_paginates(small_catalog):

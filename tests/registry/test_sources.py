@@ -100,6 +100,7 @@ def test_decorator_schema_from_signature(store):
             "notes": {"type": "array", "items": {"type": "string"}},
         },
         "required": ["restaurant", "seats"],
+        "additionalProperties": False,  # the function takes no other key
     }
     assert register_functions([book_table], store).added == ["book_table"]
     with pytest.raises(ValueError, match="cannot be given by a JSON call"):

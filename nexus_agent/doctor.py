@@ -146,7 +146,7 @@ def check_blocks(store) -> list[Check]:
 
 
 def check_servers(store) -> list[Check]:
-    from registry.client import list_server_tools
+    from registry.client import ServerError, list_server_tools
 
     out: list[Check] = []
     for srv in store.list_servers():
@@ -155,6 +155,8 @@ def check_servers(store) -> list[Check]:
             name, tools = list_server_tools(spec, 20)
             via = "" if srv.transport == "stdio" else f" at {spec.describe()}"
             out.append((f"server {srv.name}", True, f"{len(tools)} tools{via}"))
+        except ServerError as e:  # with the server's last stderr line: why a stdio server died
+            out.append((f"server {srv.name}", False, e.brief()))
         except Exception as e:
             out.append((f"server {srv.name}", False, str(e).splitlines()[0]))
     return out

@@ -131,7 +131,7 @@ class ServerPool:
                                        elapsed_ms=_ms(t0), restarted=restarted)
                 if attempt == 0 and srv.restarts < self.config.max_restarts:
                     continue  # crashed: restart once and retry the same call
-                return Observation(tool, "server_error", f"server {name!r} failed: {_first_line(e)}",
+                return Observation(tool, "server_error", f"server {name!r} failed: {e.brief()[:300]}",
                                    elapsed_ms=_ms(t0), restarted=restarted)
             srv.restarts = 0  # the server answered: a later failure gets its own restart
             status = "tool_error" if res.is_error else "ok"
@@ -161,6 +161,3 @@ def _cap(text: str, limit: int) -> str:
         return text
     return f"{text[:limit]}\n[result truncated: showing {limit} of {len(text)} characters]"
 
-
-def _first_line(e: Exception) -> str:
-    return str(e).splitlines()[0][:300]

@@ -159,8 +159,8 @@ def _register_config(args) -> int:
         table = Table(title=f"servers of {args.config}")
         for col in ("server", "transport", "tools", "status"):
             table.add_column(col, overflow="fold")
-        for o in outcomes:
-            status = f"{o.status}: {o.detail}" if o.detail else o.status
+        for o in outcomes:  # a failure's first line here; in full (with the server's stderr) below the table
+            status = f"{o.status}: {o.detail.splitlines()[0]}" if o.detail else o.status
             table.add_row(Text(o.name), o.transport, str(o.tools) if o.status == "registered" else "-", Text(status))
         _console().print(table)
         print(f"{len(registered)} registered, {len(failed)} failed, "

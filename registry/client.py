@@ -3,8 +3,9 @@
 `ToolClient` is the async form (an async context manager over the SDK's transport client + `ClientSession`);
 `SyncToolClient` runs one in a background event loop for synchronous callers such as the agent loop;
 `list_server_tools` is the one-shot form used by registration. Every network-shaped step has a timeout in
-seconds, and a server that exits, refuses the connection or never answers becomes a `ServerError` (quoting a
-stdio server's last stderr lines). How a server is reached lives in registry.transports.
+seconds, and a server that exits, refuses the connection or never answers becomes a `ServerError` quoting a
+stdio server's last stderr lines (its stderr goes to a temporary file while it runs, so a server that dies at
+start, e.g. on an import error, says why). How a server is reached lives in registry.transports.
 """
 
 from __future__ import annotations
@@ -19,10 +20,24 @@ __all__ = ["PASSED_ENV", "CallResult", "RemoteServer", "ServerCommand", "ServerE
            "SyncToolClient", "list_server_tools"]
 
 DEFAULT_TIMEOUT_S = 20.0
+STDERR_LINES = 10  # a stdio server's last non-blank stderr lines quoted in its ServerError ...
+STDERR_LINE_CHARS = 240  # ... each stripped and cut to this many characters
+STDERR_TAIL_BYTES = 64 * 1024  # read from the end of its stderr file (a long-running server may have logged a lot)
 
 
 class ServerError(RuntimeError):
-    """An MCP server could not be started, did not answer in time, or broke the protocol."""
+    """An MCP server could not be started, did not answer in time, or broke the protocol. `stderr`: a stdio
+    server's last stderr lines (trimmed, at most STDERR_LINES; empty when it wrote none), quoted in the message."""
+
+    def __init__(self, message: str, stderr: list[str] | None = None):
+        self.stderr = list(stderr or [])
+        quoted = "".join(f"\n    {line}" for line in self.stderr)
+        super().__init__(f"{message}\n  server stderr (last lines):{quoted}" if self.stderr else message)
+
+    def brief(self) -> str:
+        """One line for a table or a model's observation: the reason, and the last stderr line if any."""
+        first = str(self).splitlines()[0]
+        return f"{first} (server stderr: {self.stderr[-1]})" if self.stderr else first
 
 
 @dataclass
@@ -54,7 +69,7 @@ class ToolClient:
 
         import anyio
 
-        self._errlog = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+        self._errlog = tempfile.TemporaryFile()  # the server's stderr (its file descriptor, written directly)
         self._stack = AsyncExitStack()
         try:
             # The transport and the session run in a task of our own task group, so the timeout covers every
@@ -96,13 +111,8 @@ class ToolClient:
             reason = f"no answer within {self.timeout_s:g} s (raise --timeout if the server is just slow)"
         else:
             reason = _reason(e)
-        tail = ""
-        if self._errlog is not None:
-            self._errlog.seek(0)
-            lines = [ln for ln in self._errlog.read().splitlines() if ln.strip()][-5:]
-            if lines:
-                tail = "\n  server stderr:\n    " + "\n    ".join(lines)
-        return ServerError(f"MCP server {self.command.describe()} failed to {what}: {reason}{tail}")
+        stderr = stderr_tail(self._errlog) if self._errlog is not None else []
+        return ServerError(f"MCP server {self.command.describe()} failed to {what}: {reason}", stderr)
 
     async def list_tools(self, page_limit: int = 1000) -> list[dict[str, Any]]:
         """All tools as MCP JSON dicts (camelCase), following `nextCursor` pages."""
@@ -136,6 +146,18 @@ class ToolClient:
             raise self._error(f"answer a call to {name!r}", e) from e
         text = "\n".join(getattr(c, "text", "") for c in result.content)
         return CallResult(text=text, structured=result.structured_content, is_error=bool(result.is_error))
+
+
+def stderr_tail(errlog, lines: int = STDERR_LINES) -> list[str]:
+    """The last `lines` non-blank lines of a binary stderr file, each stripped and cut to STDERR_LINE_CHARS."""
+    errlog.flush()
+    size = errlog.seek(0, 2)
+    errlog.seek(max(0, size - STDERR_TAIL_BYTES))
+    text = errlog.read().decode("utf-8", errors="replace").splitlines()
+    if size > STDERR_TAIL_BYTES:
+        text = text[1:]  # the first line read may be cut
+    kept = [line.strip() for line in text if line.strip()][-lines:]
+    return [line if len(line) <= STDERR_LINE_CHARS else line[: STDERR_LINE_CHARS - 1] + "…" for line in kept]
 
 
 def _reason(e: BaseException) -> str:

@@ -44,8 +44,8 @@ class ConfigEntry:
 
 @dataclass
 class ConfigOutcome:
-    """What registering one entry did. status: registered | disabled | failed; detail: the one-line reason or
-    the tool counts."""
+    """What registering one entry did. status: registered | disabled | failed; detail: the tool counts, or the
+    reason (for a server that failed, its ServerError in full: the first line, then its last stderr lines)."""
 
     name: str
     transport: str
@@ -144,7 +144,7 @@ def register_config(path: str | Path, store: RegistryStore, timeout_s: float = D
         try:
             report = register_spec(entry.spec, store, timeout_s, name=entry.name)
         except (ServerError, ValueError) as e:
-            out.append(ConfigOutcome(entry.name, entry.transport, "failed", str(e).splitlines()[0]))
+            out.append(ConfigOutcome(entry.name, entry.transport, "failed", str(e)))
             continue
         counts = f"{len(report.added)} added, {len(report.updated)} updated, {len(report.unchanged)} unchanged"
         if report.rejected:

@@ -53,6 +53,30 @@ def test_register_failing_server_exits_nonzero_with_message(nexus_home):
     assert r.returncode == 1 and "failed to start" in r.stderr
 
 
+DIES_AT_START = """import sys
+print("starting the duckdb server", file=sys.stderr)
+for i in range(12):
+    print(f"  traceback line {i}", file=sys.stderr)
+print("AttributeError: 'Server' object has no attribute 'list_resources'", file=sys.stderr)
+sys.exit(1)
+"""
+
+
+def test_server_that_dies_at_start_shows_its_last_stderr_lines(nexus_home, tmp_path):
+    script = tmp_path / "dies.py"  # a server that fails as one built for another SDK version does: at import
+    script.write_text(DIES_AT_START)
+    r = nexus("register", "--server", f"python {script}", "--timeout", "20", home=nexus_home)
+    assert r.returncode == 1 and "failed to start" in r.stderr, r.stderr
+    quoted = r.stderr.split("server stderr (last lines):")[1].splitlines()[1:]
+    assert [line.strip() for line in quoted] == [f"traceback line {i}" for i in range(3, 12)] + [
+        "AttributeError: 'Server' object has no attribute 'list_resources'"]  # the last 10, stripped
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"duck": {"command": "python", "args": [str(script)]}}}))
+    r = nexus("register", "--config", str(config), "--timeout", "20", home=nexus_home)
+    assert r.returncode == 1 and "duck: MCP server" in r.stderr, r.stderr
+    assert "AttributeError: 'Server' object has no attribute 'list_resources'" in r.stderr  # not just the 1st line
+
+
 def test_tool_text_is_never_read_as_rich_markup(nexus_home, tmp_path):
     """A signature like `files: [str]` and a description holding rich tags print as written, not as styling."""
     tool = {"name": "git_add", "description": "Stage [bold]files[/bold] for [link=x]commit[/link].",

@@ -123,4 +123,5 @@ def test_server_that_fails_to_start_is_skipped(store, tmp_path):
     }}))
     outcomes = {o.name: o for o in register_config(config, store, timeout_s=20)}
     assert outcomes["dies"].status == "failed" and "failed to start" in outcomes["dies"].detail
+    assert outcomes["dies"].detail.endswith("server stderr (last lines):\n    no token")  # why it died
     assert outcomes["calc"].status == "registered" and [s.name for s in store.list_servers()] == ["calc"]

@@ -152,35 +152,69 @@ class Tokenizer:
         return self._special.id_to_token(int(token_id)) or ""
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
-        """Render chat `messages` ([{"role", "content"}]) with the model's Jinja template (sandboxed)."""
+        """Render chat `messages` ([{"role", "content"}]) with the model's Jinja template (sandboxed). `extra`
+        reaches the template as variables (`tools=[{"type": "function", "function": {...}}]`)."""
         if not self.chat_template:
             raise ModelError("this model has no chat template; pass raw text to generate instead")
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_template_error
+        held = extra.pop("_tools_held", None)  # id(tool) -> index: render those tools as placeholders
+        tojson = self._tojson_filter()
+        env.filters["tojson"] = (tojson if not held else
+                                 lambda v, **kw: _TOOL_PLACEHOLDER.format(held[id(v)]) if id(v) in held and not kw
+                                 else tojson(v, **kw))
         return env.from_string(self.chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token, eos_token=self.eos_token, **extra,
         )
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def _tojson_filter(self):
+        specials = tuple(t for t in (self.token_text(i) for i in self.special_ids) if len(t) > 1)
+        return lambda v, **kw: _tojson(v, specials=specials, **kw)
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
         """Token ids of a chat: template markup parses special tokens, message contents never do.
 
         The template is rendered once with each content replaced by a placeholder, so the markup and the
         contents are told apart by construction (searching the rendered text for a content could match inside
-        the markup, e.g. a request "r" inside "<|im_start|>", and split a role marker).
+        the markup, e.g. a request "r" inside "<|im_start|>", and split a role marker). `tools` (OpenAI function
+        tools) go to templates that have a tools section (`encode_chat_tools`).
         """
+        return self.encode_chat_tools(messages, add_generation_prompt, tools)[0]
+
+    def encode_chat_tools(self, messages: list[dict], add_generation_prompt: bool = True,
+                          tools: list[dict] | None = None) -> tuple[list[int], list[tuple[int, int]]]:
+        """(token ids, the [start, end) token span of each tool the template rendered with `tojson`, in order).
+
+        Each tool's JSON is tokenized on its own, like a message content (its special-token text is escaped by
+        `_tojson`, so a tool description cannot open a turn): the same tool gives the same tokens wherever it
+        stands, which is what lets a cached block of it be spliced (`nexus_agent.turn.decide`).
+        """
+        extra = {"tools": tools} if tools else {}
         marked = [dict(m, content=_PLACEHOLDER.format(i)) if m.get("content") else m for i, m in enumerate(messages)]
-        pieces = _PLACEHOLDER_RE.split(self.apply_chat_template(marked, add_generation_prompt))
-        contents = [messages[int(p)]["content"] for p in pieces[1::2]]
-        rendered = self.apply_chat_template(messages, add_generation_prompt)
-        if "".join(p if k % 2 == 0 else contents[k // 2] for k, p in enumerate(pieces)) != rendered:
+        held = {id(t): i for i, t in enumerate(tools or [])}
+        pieces = _PIECE_RE.split(self.apply_chat_template(marked, add_generation_prompt, _tools_held=held, **extra))
+        texts = [messages[int(p[1:])]["content"] if p[0] == "m" else self._tool_json(tools[int(p[1:])])
+                 for p in pieces[1::2]]
+        rendered = self.apply_chat_template(messages, add_generation_prompt, **extra)
+        if "".join(p if k % 2 == 0 else texts[k // 2] for k, p in enumerate(pieces)) != rendered:
             raise ModelError("this chat template changes message contents (e.g. trims them), so markup and text "
                              "cannot be told apart safely; use a template that inserts contents verbatim")
         ids: list[int] = []
+        spans: list[tuple[int, int]] = []
         for k, piece in enumerate(pieces):
-            ids += self.encode(piece, special=True) if k % 2 == 0 else self.encode(contents[k // 2], special=False)
-        return ids
+            if k % 2 == 0:
+                ids += self.encode(piece, special=True)
+                continue
+            start = len(ids)
+            ids += self.encode(texts[k // 2], special=False)
+            if piece[0] == "t":
+                spans.append((start, len(ids)))
+        return ids, spans
 
+    def _tool_json(self, tool) -> str:
+        return self._tojson_filter()(tool)
 
 # Control tokens that end a turn in the chat templates of the supported families; generation stops on them as
 # on the GGUF's eos (llama.cpp's end-of-generation set does the same).
@@ -203,8 +237,21 @@ def fallback_template(vocab) -> str | None:
     return next((t for marker, t in FALLBACK_TEMPLATES.items() if marker in vocab), None)
 
 
-_PLACEHOLDER = "\ue000{}\ue001"  # private-use code points: never in a chat template's own markup
-_PLACEHOLDER_RE = re.compile("\ue000([0-9]+)\ue001")
+_PLACEHOLDER = "\ue000m{}\ue001"  # private-use code points: never in a chat template's own markup
+_TOOL_PLACEHOLDER = "\ue000t{}\ue001"
+_PIECE_RE = re.compile("\ue000([mt][0-9]+)\ue001")
+
+
+def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=False, specials=()) -> str:
+    """The `tojson` chat templates are written for (Hugging Face's): keys in their given order, no HTML escaping,
+    non-ASCII kept (jinja2's own sorts keys and escapes `<`: not the text the models were trained on). A special
+    token's text inside a JSON string gets its first character \\u-escaped, so that a tool's description can
+    never be read as a control token (`<tool_call>`, `<|im_start|>`)."""
+    text = json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+    for s in specials:
+        if s in text:
+            text = text.replace(s, f"\\u{ord(s[0]):04x}{s[1:]}")
+    return text
 
 
 def _raise_template_error(message: str):

@@ -20,6 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("doctor", help="check installation, model, llguidance, registry, buffer, blocks and servers")
     d.add_argument("--backend", choices=list_backends(text_only=False), default="llamacpp")
     d.add_argument("--no-servers", action="store_true", help="do not start the registered MCP servers")
+    d.add_argument("--model", default=None, help="GGUF file, MLX model folder or packaged name (default smollm2)")
     d.set_defaults(func=_doctor)
     m = sub.add_parser("mcp", help="serve Nexus as one MCP server (find_tools, call_tool) in front of every "
                        "registered server: stdio, or --http")
@@ -124,7 +125,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from nexus_agent.doctor import run_checks
 
     ok = True
-    for name, passed, detail in run_checks(args.backend, servers=not args.no_servers):
+    for name, passed, detail in run_checks(args.backend, servers=not args.no_servers, model=args.model):
         ok &= passed
         print(f"[{'ok' if passed else 'FAIL'}] {name}: {detail}")
     return 0 if ok else 1

@@ -14,9 +14,10 @@ from pathlib import Path
 Check = tuple[str, bool, str]
 
 
-def run_checks(backend_name: str = "llamacpp", servers: bool = True) -> list[Check]:
-    """All checks for `backend_name`; `servers=False` skips starting the registered MCP servers."""
-    out = check_install(backend_name) + check_model(backend_name)
+def run_checks(backend_name: str = "llamacpp", servers: bool = True, model: str | None = None) -> list[Check]:
+    """All checks for `backend_name` and `model` (None: the packaged default); `servers=False` skips starting
+    the registered MCP servers."""
+    out = check_install(backend_name) + check_model(backend_name, model)
     from registry.store import RegistryStore
 
     with RegistryStore() as store:
@@ -52,11 +53,11 @@ def check_install(backend_name: str) -> list[Check]:
     return out
 
 
-def check_model(backend_name: str) -> list[Check]:
+def check_model(backend_name: str, model: str | None = None) -> list[Check]:
     try:
         from native import load_backend
 
-        backend = load_backend(backend_name)
+        backend = load_backend(backend_name, model)
     except Exception as e:
         return [("model", False, f"{e}")]
     out: list[Check] = [("model", True, f"{backend.info.path} on {backend_name}")]
@@ -72,7 +73,25 @@ def check_model(backend_name: str) -> list[Check]:
         out.append(("llguidance", r.complete, f"constrained sample {r.text!r}"))
     except Exception as e:
         out.append(("llguidance", False, f"{e} (pip install llguidance)"))
+    out.append(check_decide(backend))
     return out
+
+
+def check_decide(backend) -> Check:
+    """Who decides whether to call a tool and which, for this model (`nexus_agent.turn.profile`)."""
+    from nexus_agent.turn.call_format import probe_call_format
+    from nexus_agent.turn.profile import load_decide_profile
+
+    try:
+        fmt = probe_call_format(backend.tokenizer)
+        p = load_decide_profile(backend.info.fingerprint, fmt.template_tools)
+    except ValueError as e:
+        return "decide", False, str(e)
+    shown = "its chat template's tools section" if fmt.template_tools else "compressed signatures"
+    who = (f"the model decides among the router's top {p.k} (all tools up to {p.fit_all}), shown in {shown}"
+           + (", spliced from KV blocks" if p.splice and backend.capabilities.can_splice and fmt.template_tools
+              else "") if p.mode == "model" else "the router's pick stands (the model fills the arguments)")
+    return "decide", True, f"{who}; setting: {p.source}"
 
 
 def check_registry(store) -> list[Check]:

@@ -116,6 +116,31 @@ def validate(arguments_text: str, schema: dict) -> tuple[dict | None, str | None
     return value, None
 
 
+def _decider(backend):
+    """The backend's Decider with this model's decide profile (`nexus_agent.turn.profile`)."""
+    from nexus_agent.turn.blocks import ToolBlocks
+    from nexus_agent.turn.call_format import probe_call_format
+    from nexus_agent.turn.decide import Decider
+    from nexus_agent.turn.profile import load_decide_profile
+
+    fmt = probe_call_format(backend.tokenizer)
+    profile = load_decide_profile(backend.info.fingerprint, fmt.template_tools)
+    blocks = ToolBlocks(backend) if profile.splice and backend.capabilities.can_splice else None
+    return Decider(backend, profile, fmt, blocks)
+
+
+def _call_messages(calls: list[ToolCall], first: int) -> list[dict]:
+    """An assistant message with `calls` and one tool message per result, OpenAI-style."""
+    import json
+
+    ids = [f"call_{first + i}" for i in range(len(calls))]
+    msg = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": i, "type": "function", "function": {"name": c.tool, "arguments": json.dumps(c.arguments or {})}}
+        for i, c in zip(ids, calls)]}
+    return [msg] + [{"role": "tool", "tool_call_id": i, "name": c.tool, "content": c.observation.text}
+                    for i, c in zip(ids, calls)]
+
+
 class Agent:
     """A session: backend + router + tools + servers, one live context, a trace.
 
@@ -137,11 +162,14 @@ class Agent:
         self._text = TextArguments(self) if self.text_only else None
         self.live = None if self.text_only else LiveContext(backend, memory, self.config.n_ctx, self.trace)
         self.history: list[dict] = []
+        self.decider = None if self.text_only else _decider(backend)
 
     # -- one turn -----------------------------------------------------------------------------------------
     def run_turn(self, request: str) -> TurnResult:
         self.trace.turn += 1
         self.trace.emit("turn", request=request)
+        if self.decider is not None and self.decider.profile.mode == "model" and self.router is not None:
+            return self._decided_turn(request)
         result = TurnResult(request, "")
         observations: list[str] = []
         for step in split_steps(request, self.config.max_steps):
@@ -163,6 +191,67 @@ class Agent:
             result.answer = self.answer(request, observations)
         self.history += [{"role": "user", "content": request}, {"role": "assistant", "content": result.answer}]
         return result
+
+    def _decided_turn(self, request: str) -> TurnResult:
+        """The model decides among the router's candidates (`nexus_agent.turn.engine.decide_turn`), the chosen
+        tools are called, and it decides again with their results, until it answers in text (at most
+        `max_steps` rounds of calls; then an answer is asked for with tool_choice none)."""
+        from nexus_agent.turn.engine import decide_turn
+
+        result = TurnResult(request, "")
+        messages = [*self.history[-2 * self.config.history_turns:], {"role": "user", "content": request}]
+        for round_ in range(self.config.max_steps + 1):
+            choice = "auto" if round_ < self.config.max_steps else "none"
+            turn = decide_turn(self.decider, self.router, self.tools, messages, lambda ids: self.live,
+                               self.config.n_ctx, self.arguments, choice, True, self.config.max_arg_tokens)
+            d = turn.decision
+            self.trace.emit("decide", profile=self.decider.profile.source, **d.as_dict())
+            result.routes.append({"step": request, "tool": d.calls[0].name if d.calls else None, "path": d.how,
+                                  "candidates": d.candidates[:5], "decide_ms": round(d.decide_ms, 1)})
+            if d.kind == "text":
+                if self.config.answer:
+                    result.answer = self._stream_answer(turn)
+                break
+            calls = []
+            for c in d.calls:
+                sources = [Source("request", request)]
+                if c.arguments is None:
+                    obs = Observation(c.name, "invalid_arguments",
+                                      f"the model did not produce valid arguments for {c.name}: {c.problem}")
+                else:
+                    obs = self.pool.call(c.name, c.arguments)
+                provenance = value_sources(c.arguments, sources, self.tools[c.name].input_schema or {})
+                self.trace.emit("tool_call", arguments=c.arguments, source="decision", value_sources=provenance,
+                                **obs.as_dict())
+                call = ToolCall(c.name, c.arguments, "decision", obs, d.decide_ms, provenance)
+                result.calls.append(call)
+                calls.append(call)
+                if self.on_confirmed is not None and c.arguments is not None and obs.ok:
+                    self.on_confirmed(request, c.name)
+            messages += _call_messages(calls, len(result.calls) - len(calls))
+        self.history += [{"role": "user", "content": request}, {"role": "assistant", "content": result.answer}]
+        return result
+
+    def _stream_answer(self, turn) -> str:
+        """The text answer decoded from a text decision's logits on its live context (streamed to on_text)."""
+        tok = self.backend.tokenizer
+        live = turn.live
+        live.begin_answer()
+        out: list[int] = []
+        t0 = time.perf_counter()
+        for r in stream_generate(self.backend, turn.ids, self.config.max_answer_tokens, session=live.session,
+                                 logits=turn.logits, logits_processors=[self.decider.text_mask()]):
+            if r.finish_reason == "stop":
+                break
+            out.append(r.token)
+            if r.finish_reason is None:
+                live.decoded(r.token)
+            if r.text:
+                self.on_text("answer", r.text)
+        answer = tok.decode(out).strip()
+        self.trace.emit("answer", text=answer, tokens=len(out), prompt_tokens=len(turn.ids),
+                        ms=round((time.perf_counter() - t0) * 1e3, 2), cache_tokens=len(live.ids))
+        return answer
 
     def call_step(self, tool, step: str, results: list[str] | None = None) -> ToolCall:
         """Arguments for `tool` from `step` and the turn's earlier `results` (signature first, full schema when

@@ -265,6 +265,26 @@ def render_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
+def template_messages(messages: list[dict]) -> list[dict]:
+    """The messages as chat templates with a tools section take them (Hugging Face's convention): developer ->
+    system, an assistant's tool calls with their arguments as objects, tool results as role "tool"."""
+    out = []
+    for m in messages:
+        m = dict(m, role="system") if m["role"] == "developer" else dict(m)
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                args = c["function"].get("arguments") or "{}"
+                try:
+                    args = json.loads(args) if isinstance(args, str) else args
+                except ValueError:
+                    pass  # a client's own malformed text: shown as it was sent
+                calls.append({**c, "function": {**c["function"], "arguments": args}})
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
 # -- reply shapes ----------------------------------------------------------------------------------------------
 def new_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(12)}"

@@ -70,3 +70,14 @@ def baseline_messages(tools, request: str) -> list[dict]:
     system = (f"You can call these tools:\n\n{schemas}\n\n"
               "Reply with only the JSON object of the chosen tool's arguments.")
     return [{"role": "system", "content": system}, {"role": "user", "content": request}]
+
+
+def decide_system(tools, fmt) -> str:
+    """The system message that shows a model without a tools section in its template the candidate tools (as
+    compressed signatures) and the call format (`nexus_agent.turn.call_format.NEXUS_FORMAT`)."""
+    from registry.signature import compress
+
+    sigs = "\n".join(compress(t) for t in tools)
+    example = fmt.call_text("NAME", {"param": "value"})
+    return (f"{SIGNATURE_KEY}\nYou can call these tools:\n{sigs}\n"
+            f"To call one, reply with only:\n{example}\nOtherwise answer in plain text.")

@@ -17,6 +17,7 @@ argument prompts (they share their system prompt), `contexts` for conversations.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
@@ -97,6 +98,7 @@ class Engine:
                            AgentConfig(n_ctx=c.n_ctx, max_arg_tokens=c.max_arg_tokens, answer=False),
                            trace=Trace(), on_text=self._on_text)
         self.contexts: list = []
+        self.decider = self.agent.decider  # the model's call format and decide profile (nexus_agent.turn)
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -106,12 +108,12 @@ class Engine:
         from registry.model import Tool
 
         tool = Tool.from_mcp(_WARMUP)
-        self._router([tool]).route("warm up")
+        self.router_for([tool]).route("warm up")
         self.agent.arguments(tool, "Say hi", [], [Source("request", "Say hi")])
         self.agent.trace.events.clear()
 
     # -- tools and routing ------------------------------------------------------------------------------------
-    def _router(self, tools: list):
+    def router_for(self, tools: list):
         """A gate-mode Router over `tools` (cached per tool list; embeddings cached per schema hash)."""
         from slb.buffer import quantize_rows
         from slb.index import ScanIndex
@@ -158,7 +160,7 @@ class Engine:
         pending = steps[done:] if req.parallel_tool_calls else steps[done:done + 1]
         if not pending and req.tool_choice == "required":
             pending = [text]
-        router = self._router(req.tools)
+        router = self.router_for(req.tools)
         calls = []
         for step in pending:
             d = router.route(step)
@@ -171,14 +173,53 @@ class Engine:
     def run(self, req: ChatRequest, emit: Callable[[tuple], None], cancelled: Callable[[], bool]) -> None:
         self.agent.trace.events.clear()
         self._cancelled = cancelled
-        calls = self.plan(req)
         try:
+            if req.tools and req.tool_choice != "none" and self.decider.profile.mode == "model":
+                self._decide(req, emit, cancelled)
+                return
+            calls = self.plan(req)
             if calls:
                 self._tool_calls(req, calls, emit)
             else:
                 self._answer(req, emit, cancelled)
         except Cancelled:
             return
+
+    def decide(self, req: ChatRequest, arguments: Callable | None = None):
+        """The turn engine's decision for `req` (`nexus_agent.turn.engine.decide_turn`): a `Turn`.
+        `arguments` replaces the argument decoding (evals that measure the decision only)."""
+        from nexus_agent.turn.engine import PromptTooLong, decide_turn
+
+        tool_choice = req.tool_choice if req.named or req.tool_choice == "required" else "auto"
+        try:
+            return decide_turn(self.decider, self.router_for(req.tools), {t.name: t for t in req.tools},
+                               req.messages, self._context, self.config.n_ctx, self.agent.arguments, tool_choice,
+                               req.parallel_tool_calls, self.config.max_arg_tokens, arguments)
+        except PromptTooLong as e:
+            raise ApiError(400, str(e), "invalid_request_error", "messages", "context_length_exceeded") from None
+
+    def _decide(self, req: ChatRequest, emit, cancelled) -> None:
+        """Tool calls as the model decided, or its answer decoded from the same context."""
+        turn = self.decide(req)
+        decision, ids = turn.decision, turn.ids
+        self.agent.trace.emit("decide", profile=self.decider.profile.source, **decision.as_dict())
+        if decision.kind == "text":
+            self._answer(req, emit, cancelled, prompt=(ids, turn.logits, turn.live), first=[self.decider.text_mask()])
+            return
+        emit(("start",))
+        good = [c for c in decision.calls if c.arguments is not None]
+        if not good:  # a model's miss is an answer that says what is missing, never a server error
+            missing = "; ".join(f"{c.name}: {c.problem}" for c in decision.calls)
+            emit(("content", f"I could not fill in the arguments of the tool call ({missing})."))
+            emit(("finish", "stop", usage_of(len(ids), 0)))
+            return
+        n_out = 0
+        for i, c in enumerate(good):
+            emit(("tool_call", i, new_id("call_"), c.name))
+            text = json.dumps(c.arguments, ensure_ascii=False)
+            n_out += len(self.tok.encode(text))
+            emit(("arguments", i, text))
+        emit(("finish", "tool_calls", usage_of(len(ids), n_out)))
 
     def _on_text(self, kind: str, piece: str) -> None:
         if self._cancelled():  # raised inside the decode loop; the next prefill drops what it left cached
@@ -230,27 +271,32 @@ class Engine:
         self.contexts.append(best)
         return best
 
-    def _answer(self, req: ChatRequest, emit, cancelled) -> None:
+    def _answer(self, req: ChatRequest, emit, cancelled, prompt=None, first=()) -> None:
+        """Stream the text answer; `prompt`: (ids, logits after them, the live context holding them) when the
+        decision already prefilled it; `first`: logits processors before the response format's."""
         from native.generate import SamplerConfig, stream_generate
         from nexus_agent.constrained import GrammarMask, LoopGuard, schema_grammar
 
-        ids = self.tok.encode_chat(render_messages(req.messages))
+        ids = prompt[0] if prompt else self.tok.encode_chat(render_messages(req.messages))
         room = self.config.n_ctx - len(ids)
         max_new = req.max_tokens or min(DEFAULT_MAX_TOKENS, room)
         if room < 1 or len(ids) + max_new > self.config.n_ctx:
             raise ApiError(400, f"this model's context holds {self.config.n_ctx} tokens; the messages take "
                                 f"{len(ids)} and max_tokens asks for {max_new} more", "invalid_request_error",
                            "messages", "context_length_exceeded")
-        procs = []
+        procs = list(first)
         if req.json_schema is not None:
             grammar = GrammarMask(self.tok, schema_grammar(req.json_schema))
             if grammar.error:
                 raise ApiError(400, f"response_format schema not supported: {grammar.error}",
                                param="response_format")
-            procs = [grammar, LoopGuard(self.tok)]
+            procs += [grammar, LoopGuard(self.tok)]
         emit(("start",))
-        live = self._context(ids)
-        logits = live.prefill(ids)
+        if prompt:
+            live, logits = prompt[2], prompt[1]
+        else:
+            live = self._context(ids)
+            logits = live.prefill(ids)
         live.begin_answer()
         stop, out, finish = StopText(req.stop), [], None
         sampler = SamplerConfig(req.temperature, req.top_p, req.seed if req.seed is not None else 0)

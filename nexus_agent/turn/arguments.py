@@ -1,0 +1,33 @@
+"""A call's arguments decoded in place: on the decision's own context, right after the chosen name.
+
+The model has the conversation and the candidates' schemas in context already, so no second prompt is
+needed: the JSON object is decoded under the tool's schema (llguidance) with the copy bias toward values
+from the request and the turn's tool results (`copying.CopyBias`), then checked with jsonschema.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from nexus_agent.constrained import generate_json
+from nexus_agent.copy_sources import Source
+from nexus_agent.copying import DEFAULT_BIAS, CopyBias
+
+
+def decode_in_place(live, ids: list[int], logits, tool, sources: list[Source], max_tokens: int = 160,
+                    copy_bias: float = DEFAULT_BIAS, on_token: Callable[[str], None] | None = None):
+    """(arguments or None, the problem, the JSON text) for `tool`, decoded on `live` after `ids` (`logits`:
+    the next-token logits there). The context then holds `ids` and the decoded tokens."""
+    from nexus_agent.loop import validate
+
+    schema = tool.input_schema or {"type": "object"}
+    tok = live.backend.tokenizer
+    copy = [CopyBias(tok, sources, schema, copy_bias, live.session)] if copy_bias else []
+    res = generate_json(live.session, ids, schema, tok, max_tokens, on_token=on_token, logits=logits,
+                        processors=copy)
+    for t in res.tokens[: res.decoded]:
+        live.decoded(t)
+    if res.error:
+        return None, res.error, res.text
+    args, problem = validate(res.text, schema)
+    return args, problem, res.text

@@ -1,0 +1,243 @@
+"""The decision: the model sees the conversation and a few candidate tools, and calls one or answers in text.
+
+One pass over one live context, in the call format of the model's own template (`call_format`):
+1. The prompt is the conversation with the candidates in the template's tools section (or, for a model
+   without one, their compressed signatures in a system message). Prefilled once; a repeated prefix (the same
+   tools, an earlier turn) is reused by the live context.
+2. Call or text: the model's probability of starting a call (`p_call`: the opener's first token, or a bare
+   `{` / a code fence, which small models write instead) is combined with the router's evidence by the
+   per-model logistic setting (`profile.DecideProfile.call_score`). `tool_choice` overrides it.
+3. A call: the opener is fed, then the name: each candidate's name is scored by the model (its log-probability,
+   teacher-forced) plus the router's score times the profile's `name_weight` (the fusion is calibrated per
+   model), and the best one is fed; then the arguments under that tool's schema by the caller's argument
+   decoder (copy-aware, on the same context), then the closer. Where parallel calls are allowed the model may
+   open another call.
+4. Text: the answer is decoded from the same logits with the call opener forbidden (the caller streams it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from nexus_agent.turn.call_format import CallFormat, probe_call_format
+from nexus_agent.turn.profile import DecideProfile
+
+MAX_PARALLEL = 4
+
+
+@dataclass
+class Candidate:
+    """A tool the router retrieved: its registry Tool, the router's score (cosine) and rank."""
+
+    tool: object
+    score: float
+    rank: int
+
+    @property
+    def name(self) -> str:
+        return self.tool.name
+
+
+@dataclass
+class Choice:
+    """One call the decision makes: the tool's name; its arguments come from the caller's decoder."""
+
+    name: str
+    arguments: dict | None = None
+    problem: str | None = None
+    text: str = ""
+
+
+@dataclass
+class Decision:
+    """kind: "call" | "text"; how: "model" | "router" | "tool_choice"; p_call: the model's probability of
+    starting a call (None when it was not asked); score: the combined log-odds; calls: in order; candidates:
+    the names shown, `scores` the router's for them, `top1`/`margin` its evidence; prompt_tokens; spliced:
+    candidate blocks spliced; prefill_ms: the prompt into the context; decide_ms: prompt to decision (call or
+    text, and the first name);
+    call_ms: to the complete calls (arguments included)."""
+
+    kind: str
+    how: str
+    calls: list[Choice] = field(default_factory=list)
+    p_call: float | None = None
+    score: float | None = None
+    candidates: list[str] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    top1: float = 0.0
+    margin: float = 0.0
+    prompt_tokens: int = 0
+    spliced: int = 0
+    prefill_ms: float = 0.0
+    decide_ms: float = 0.0
+    call_ms: float = 0.0
+    name_logprobs: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "how": self.how, "calls": [c.name for c in self.calls],
+                "p_call": None if self.p_call is None else round(self.p_call, 4),
+                "score": None if self.score is None else round(self.score, 3), "candidates": self.candidates,
+                "prompt_tokens": self.prompt_tokens, "spliced": self.spliced,
+                "prefill_ms": round(self.prefill_ms, 1), "decide_ms": round(self.decide_ms, 1),
+                "call_ms": round(self.call_ms, 1)}
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z.astype(np.float64)
+    m = z.max(axis=-1, keepdims=True)
+    return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
+
+
+def function_tool(tool) -> dict:
+    """An OpenAI function tool (what chat templates' tools sections render) for a registry Tool."""
+    return {"type": "function", "function": {"name": tool.name, "description": (tool.description or "").strip(),
+                                             "parameters": tool.input_schema or {"type": "object"}}}
+
+
+def _starts(tokenizer, fmt: CallFormat) -> np.ndarray:
+    """Token ids that begin a call: the opener's first token, and tokens starting `{` or a code fence."""
+    first = tokenizer.encode(fmt.opener, special=True)[:1]
+    loose = [i for i in range(tokenizer.vocab_size)
+             if i not in tokenizer.special_ids and tokenizer.decode([i]).lstrip().startswith(("{", "```"))]
+    return np.array(sorted(set(first + loose)), dtype=np.int64)
+
+
+class Decider:
+    """Decides on one `LiveContext` of `backend`; `arguments(choice_tool, live, ids, logits) -> (args, problem,
+    text)` decodes one call's arguments on that context after `ids` (the caller's copy-aware decoder)."""
+
+    def __init__(self, backend, profile: DecideProfile, fmt: CallFormat | None = None, blocks=None):
+        self.backend, self.profile, self.blocks = backend, profile, blocks
+        self.tok = backend.tokenizer
+        self.fmt = fmt or probe_call_format(self.tok)
+        self.opener = self.tok.encode(self.fmt.opener, special=True)
+        self.between = self.tok.encode(self.fmt.between, special=True)
+        self.closer = self.tok.encode(self.fmt.closer, special=True)
+        self.next_call = self.tok.encode(self.fmt.separator + self.fmt.opener, special=True)[:1]
+        self.call_starts = _starts(self.tok, self.fmt)
+
+    # -- the prompt ---------------------------------------------------------------------------------------
+    def prompt(self, messages: list[dict], candidates: list[Candidate]) -> tuple[list[int], list[tuple[int, int]]]:
+        """(token ids, the token span of each candidate's schema): the conversation with the candidates as the
+        model's template shows tools, or, for a model without a tools section, as signatures (no spans)."""
+        tools = [c.tool for c in candidates]
+        if self.fmt.template_tools:
+            return self.tok.encode_chat_tools(messages, tools=[function_tool(t) for t in tools])
+        from nexus_agent.prompts import decide_system
+
+        system = decide_system(tools, self.fmt)
+        rest = messages[1:] if messages and messages[0]["role"] == "system" else messages
+        head = messages[0]["content"] + "\n\n" if messages and messages[0]["role"] == "system" else ""
+        return self.tok.encode_chat([{"role": "system", "content": head + system}, *rest]), []
+
+    def p_call(self, logits: np.ndarray) -> float:
+        z = logits.astype(np.float64)
+        p = np.exp(z - z.max())
+        return float(p[self.call_starts].sum() / p.sum())
+
+    # -- one decision -------------------------------------------------------------------------------------
+    def decide(self, live, ids: list[int], candidates: list[Candidate], top1: float, margin: float,
+               arguments: Callable, tool_choice: str | None = "auto", parallel: bool = False,
+               spans: list[tuple[int, int]] = ()) -> tuple:
+        """Decide on `live` after the prompt `ids` (`self.prompt(messages, candidates)`, with the candidates'
+        `spans` spliced from their blocks when the decider has `blocks`): (Decision, the ids the context holds,
+        the logits after them). For a text decision the logits are the prompt's, ready for the answer (with
+        `text_mask` first among its processors)."""
+        t0 = time.perf_counter()
+        if self.blocks is not None and spans and live.manager is None:
+            logits, st = self.blocks.prefill(live, ids, spans)
+            spliced = st.spliced
+        else:
+            logits, spliced = live.prefill(ids), 0
+        prefill_ms = (time.perf_counter() - t0) * 1e3
+        d = Decision("text", "model", candidates=[c.name for c in candidates], scores=[c.score for c in candidates],
+                     top1=top1, margin=margin, prompt_tokens=len(ids), spliced=spliced, prefill_ms=prefill_ms)
+        named = tool_choice not in (None, "auto", "none", "required")
+        if tool_choice == "none" or not candidates:
+            d.how = "tool_choice" if tool_choice == "none" else "model"
+        elif tool_choice == "required" or named:
+            d.kind, d.how = "call", "tool_choice"
+        else:
+            d.p_call = self.p_call(logits)
+            d.score = self.profile.call_score(d.p_call, top1, margin)
+            d.kind = "call" if d.score > 0 else "text"
+        if d.kind == "text":
+            d.decide_ms = (time.perf_counter() - t0) * 1e3
+            return d, ids, logits
+        pool = [c for c in candidates if c.name == tool_choice] if named else candidates
+        while True:
+            ids = ids + self.opener
+            logits = live.prefill(ids)
+            name, lps, ids, logits = self._name(live, ids, logits, pool)
+            if not d.calls:
+                d.decide_ms = (time.perf_counter() - t0) * 1e3
+                d.name_logprobs = lps
+            tool = next(c.tool for c in pool if c.name == name)
+            args, problem, text = arguments(tool, live, ids, logits)
+            if any(c.name == name and c.arguments == args for c in d.calls):
+                break  # a small model repeats its last call rather than end the message: the repeat ends it
+            d.calls.append(Choice(name, args, problem, text))
+            ids = ids + self.tok.encode(text) + self.closer
+            if not parallel or len(d.calls) >= MAX_PARALLEL or named:
+                break
+            logits = live.prefill(ids)
+            p = np.exp(logits.astype(np.float64) - logits.max())
+            if p[self.next_call].sum() / p.sum() < 0.5:  # the model would rather end its message
+                break
+            ids = ids + self.tok.encode(self.fmt.separator, special=True)
+        d.call_ms = (time.perf_counter() - t0) * 1e3
+        return d, ids, None
+
+    def name_logprobs(self, live, ids: list[int], logits, names: list[str]) -> dict[str, float]:
+        """log p(name, then the text after a name | `ids`) for each candidate, teacher-forced on `live` (which
+        holds `ids`, `logits` after them) and removed again."""
+        base = live.session.n_past
+        first = _log_softmax(logits)
+        out = {}
+        for n in names:
+            seq = self.tok.encode(n) + self.between[:1]
+            lp = float(first[seq[0]])
+            if len(seq) > 1:
+                rows = _log_softmax(live.session.forward_logits(seq[:-1]))
+                lp += float(sum(rows[j, t] for j, t in enumerate(seq[1:])))
+                live.session.remove(base, live.session.n_past)
+            out[n] = lp
+        return out
+
+    def _name(self, live, ids: list[int], logits, pool: list[Candidate]):
+        """Choose one candidate after the opener by `DecideProfile.name_score` (the model's log-probability of
+        the name, the router's score, the offset of its rank); (name, the log-probabilities, ids through the
+        text between name and arguments, logits after them)."""
+        lps = {pool[0].name: 0.0} if len(pool) == 1 else self.name_logprobs(live, ids, logits, [c.name for c in pool])
+        name = max(pool, key=lambda c: self.profile.name_score(lps[c.name], c.score, c.rank)).name
+        ids = ids + self.tok.encode(name) + self.between
+        return name, lps, ids, live.prefill(ids)
+
+    def text_mask(self) -> Callable:
+        """A logits processor forbidding the call opener's first token (a text decision stays text)."""
+        first = self.opener[:1]
+
+        def mask(tokens, logits):
+            if not tokens and first:
+                logits = logits.copy()
+                logits[first] = -np.inf
+            return logits
+        return mask
+
+
+def top_k(decision, tools: dict, profile: DecideProfile, registry_size: int) -> list[Candidate]:
+    """The candidates shown to the model. When the registry fits (`fit_all`), every tool in registry order: the
+    tools section is then the same on every turn and its tokens stay cached. Else the router's first `k`, its
+    pick first (the fused order may differ from the scan's)."""
+    scores = {c[0]: c[1] for c in decision.candidates}
+    if registry_size <= profile.fit_all:
+        return [Candidate(t, scores.get(n, 0.0), i) for i, (n, t) in enumerate(tools.items())]
+    names = [c[0] for c in decision.candidates]
+    if decision.tool is not None and decision.tool in names:
+        names.remove(decision.tool)
+        names.insert(0, decision.tool)
+    return [Candidate(tools[n], scores[n], i) for i, n in enumerate(names[: profile.k]) if n in tools]

@@ -1,0 +1,85 @@
+"""One turn's decision, shared by `nexus run` (the agent loop), `nexus serve` and `nexus mcp`'s agent path:
+retrieve the candidates for the conversation, let the model decide among them, decode the arguments.
+
+`decide_turn` is the whole of it; callers differ only in what they do with the `Decision`: the agent loop
+calls the tools and decides again with their results, the server returns the calls to its client.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+from nexus_agent.copy_sources import Source
+from nexus_agent.turn.arguments import decode_in_place
+from nexus_agent.turn.decide import Candidate, Decider, Decision, top_k
+from nexus_agent.turn.retrieval import retrieve
+
+
+class PromptTooLong(ValueError):
+    """The conversation and the candidates shown do not fit the context."""
+
+
+@dataclass
+class Turn:
+    """A decided turn: the Decision, the prompt ids, the logits after them (a text decision's answer starts
+    there) and the live context that holds them."""
+
+    decision: Decision
+    ids: list[int]
+    logits: object
+    live: object
+
+
+def tool_results(messages: list[dict], limit: int = 4) -> list[str]:
+    """The last `limit` tool results of the conversation, as copy sources and prompts see them."""
+    from nexus_agent.openai_api import result_text, tool_names
+
+    names = tool_names(messages)
+    return [result_text(m, names) for m in messages if m["role"] == "tool"][-limit:]
+
+
+def last_user(messages: list[dict]) -> str:
+    return next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+
+
+def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], context: Callable[[list[int]], object],
+                n_ctx: int, fallback: Callable | None = None, tool_choice: str = "auto", parallel: bool = False,
+                max_arg_tokens: int = 160, arguments: Callable | None = None) -> Turn:
+    """Decide one turn over `tools` (name -> registry Tool) routed by `router`.
+
+    `messages`: OpenAI-style chat messages (tool calls and results included); `context(ids)`: the live context
+    to decide on (one that shares a prefix with `ids` saves its prefill); `fallback(tool, step, results,
+    sources) -> (arguments, problem, ...)`: the argument decoder for a call whose in-place arguments failed
+    (the full schema); `tool_choice`: auto | required | none | a tool name; `arguments`: replaces the argument
+    decoding altogether (evals that measure the decision only).
+    """
+    from nexus_agent.openai_api import render_messages, template_messages
+
+    d = retrieve(router, messages)
+    cands = top_k(d, tools, decider.profile, len(tools))
+    if tool_choice in tools and all(c.name != tool_choice for c in cands):
+        cands.insert(0, Candidate(tools[tool_choice], 0.0, 0))
+    msgs = template_messages(messages) if decider.fmt.template_tools else render_messages(messages)
+    ids, spans = decider.prompt(msgs, cands)
+    if len(ids) + 64 > n_ctx:
+        raise PromptTooLong(f"this model's context holds {n_ctx} tokens; the messages and the {len(cands)} tools "
+                            f"shown take {len(ids)}")
+    results = tool_results(messages)
+    step = last_user(messages)
+    sources = [Source("request", step)] + [Source("observation", r) for r in results]
+
+    def in_place(tool, live, at, logits):
+        args, problem, text = decode_in_place(live, at, logits, tool, sources, max_arg_tokens)
+        if args is None and fallback is not None:  # the full schema, then give up on this call
+            args, problem = fallback(tool, step, results, sources)[:2]
+            text = json.dumps(args, ensure_ascii=False) if args is not None else text
+        return args, problem, text
+
+    live = context(ids)
+    decision, held, logits = decider.decide(live, ids, cands, d.score, d.margin, arguments or in_place,
+                                            tool_choice, parallel, spans)
+    if decision.kind == "call":
+        live.ids = held[: live.session.n_past]
+    return Turn(decision, ids, logits, live)

@@ -1,0 +1,93 @@
+"""The per-model decision setting: who decides whether to call and which tool, and with what weights.
+
+Stored beside the splice profile, in `profiles/<model fingerprint>.json` under "decide" (written by
+`nexus eval decide --calibrate`); packaged models ship their measured setting in `decide_defaults.json`.
+An uncalibrated model whose template has a tools section lets the model decide with neutral weights; one
+without keeps the router's decision (too weak to choose until measured otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from registry.home import home_path
+
+MODES = ("model", "router")
+_DEFAULTS = Path(__file__).with_name("decide_defaults.json")
+
+
+@dataclass
+class DecideProfile:
+    """mode: "model" (the model decides among the candidates) or "router" (the router's pick stands);
+    k: candidates shown; fit_all: show every tool when there are at most this many (they fit the prompt);
+    call = bias + w_model * logit(p_call) + w_top1 * top-1 score + w_margin * margin > 0 decides call vs
+    text (p_call: the model's probability of starting a call); a candidate's name scores the model's
+    log-probability of it + name_weight x the router's score + rank_bias[its rank in the list shown] (small
+    models favour the first tools listed: the fitted offsets counter it); splice: the candidates' schemas
+    are spliced from KV blocks (`turn.blocks`) where the backend can; source: where the numbers come from
+    (default | calibrated: how, when); metrics: what the calibration measured."""
+
+    mode: str = "model"
+    k: int = 5
+    fit_all: int = 10
+    bias: float = 0.0
+    w_model: float = 1.0
+    w_top1: float = 0.0
+    w_margin: float = 0.0
+    name_weight: float = 0.0
+    rank_bias: list = field(default_factory=list)
+    splice: bool = True
+    source: str = "default"
+    metrics: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"unknown decide mode {self.mode!r}; choose {' or '.join(MODES)}")
+        if self.k < 1 or self.fit_all < 0:
+            raise ValueError(f"k must be >= 1 and fit_all >= 0, got k={self.k}, fit_all={self.fit_all}")
+
+    def call_score(self, p_call: float, top1: float, margin: float) -> float:
+        """> 0: call a tool; the logistic model's log-odds."""
+        p = min(max(p_call, 1e-9), 1 - 1e-9)
+        return self.bias + self.w_model * math.log(p / (1 - p)) + self.w_top1 * top1 + self.w_margin * margin
+
+    def name_score(self, logprob: float, score: float, rank: int) -> float:
+        """How a candidate's name ranks: the model's log-probability, the router's score, the order offset."""
+        return logprob + self.name_weight * score + (self.rank_bias[rank] if rank < len(self.rank_bias) else 0.0)
+
+
+def profile_file(fingerprint: str) -> Path:
+    return home_path("profiles", f"{fingerprint}.json")
+
+
+def load_decide_profile(fingerprint: str, template_tools: bool) -> DecideProfile:
+    """The calibrated setting of this model, else the packaged default for its fingerprint, else the default
+    by template (a tools section: the model decides; none: the router)."""
+    path = profile_file(fingerprint)
+    try:
+        data = json.loads(path.read_text()).get("decide") if path.exists() else None
+    except ValueError as e:
+        raise ValueError(f"{path}: unreadable profile ({e}); rerun `nexus eval decide --calibrate`") from None
+    if data is None:
+        data = json.loads(_DEFAULTS.read_text()).get(fingerprint)
+    if data is not None:
+        try:
+            return DecideProfile(**data)
+        except TypeError as e:
+            raise ValueError(f"{path}: bad decide profile ({e}); rerun `nexus eval decide --calibrate`") from None
+    return DecideProfile(mode="model" if template_tools else "router")
+
+
+def save_decide_profile(fingerprint: str, profile: DecideProfile) -> Path:
+    """Write `profile` under "decide" in the model's profile file (other sections kept)."""
+    from registry.atomic import write_atomic
+
+    path = profile_file(fingerprint)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data["decide"] = asdict(profile)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(data, indent=1))
+    return path

@@ -67,6 +67,35 @@ def backend(request, loaded_backends):
     return loaded_backends(request.param)
 
 
+QWEN = "qwen2.5-coder-0.5b"
+
+
+@pytest.fixture(scope="session")
+def qwen_gguf(tmp_path_factory) -> str:
+    """The packaged tool-trained Qwen2.5-Coder-0.5B-Instruct GGUF, assembled once per session from its chunk
+    packages (a test dependency) into a session folder."""
+    from native.model_files import assemble_chunked
+
+    return str(assemble_chunked(QWEN, folder=tmp_path_factory.mktemp("qwen") / "models"))
+
+
+@pytest.fixture(scope="session")
+def qwen_backends(qwen_gguf):
+    """`get(name)`: Qwen2.5-Coder-0.5B on local backend `name`, loaded on first use and closed at the end."""
+    from native import load_backend
+
+    loaded = {}
+
+    def get(name: str):
+        if name not in loaded:
+            loaded[name] = load_backend(name, qwen_gguf)
+        return loaded[name]
+
+    yield get
+    for b in loaded.values():
+        b.close()
+
+
 PROBE_SERVER = os.path.join(os.path.dirname(__file__), "agent", "probe_server.py")
 
 

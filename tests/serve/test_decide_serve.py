@@ -1,0 +1,46 @@
+"""`nexus serve` over the packaged tool-trained Qwen2.5-Coder-0.5B: the model decides among the retrieved
+candidates, so a conversational turn among 250 tools is answered in text, and a request a tool fits is a call
+of it, through the official openai client."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import running_serve
+from serve_helpers import ADD, API_KEY, catalogue_tools, function
+
+pytestmark = pytest.mark.slow
+
+TIME = function("get_current_time", "Get the current time in a specific IANA timezone.",
+                {"type": "object", "properties": {"timezone": {"type": "string", "description":
+                 "IANA timezone name (e.g. 'America/New_York', 'Europe/London')"}}, "required": ["timezone"]})
+
+
+@pytest.fixture(scope="module")
+def qwen_client(tmp_path_factory, qwen_gguf):
+    openai = pytest.importorskip("openai")
+    with running_serve(tmp_path_factory.mktemp("qwen-serve"), "--model", qwen_gguf, "--n-ctx", "8192") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+        yield client, client.models.list().data[0].id
+
+
+def test_a_conversational_turn_among_250_tools_is_answered_in_text(qwen_client):
+    tools = catalogue_tools(248) + [ADD, TIME]
+    client, model = qwen_client
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Thanks, that's all I needed."}], tools=tools, max_tokens=24)
+    choice = r.choices[0]
+    assert not choice.message.tool_calls and choice.finish_reason in ("stop", "length")
+    assert choice.message.content.strip()
+
+
+def test_a_fitting_tool_among_250_is_called_with_the_request_values(qwen_client):
+    tools = catalogue_tools(248) + [ADD, TIME]
+    client, model = qwen_client
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What time is it in Tokyo right now? Use Asia/Tokyo."}],
+        tools=tools)
+    (call,) = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_current_time"
+    assert json.loads(call.function.arguments) == {"timezone": "Asia/Tokyo"}

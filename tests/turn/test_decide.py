@@ -1,0 +1,109 @@
+"""The model decides among the candidates (nexus_agent.turn): every outcome on both local backends with the
+packaged tool-trained Qwen2.5-Coder-0.5B (its own template's tools section), the call format read from real
+templates, and a model without a tools section (SmolLM2) shown compressed signatures."""
+
+from __future__ import annotations
+
+import pytest
+
+from nexus_agent.memory import LiveContext
+from nexus_agent.turn.call_format import NEXUS_FORMAT, probe_call_format
+from nexus_agent.turn.decide import Decider
+from nexus_agent.turn.engine import PromptTooLong, decide_turn
+from nexus_agent.turn.profile import DecideProfile
+from registry.model import Tool
+
+pytestmark = pytest.mark.slow
+
+
+def _tool(name: str, description: str, props: dict, required: list[str]) -> Tool:
+    return Tool.from_mcp({"name": name, "description": description,
+                          "inputSchema": {"type": "object", "properties": props, "required": required}})
+
+
+TOOLS = {t.name: t for t in (
+    _tool("get_current_time", "Get the current time in a specific IANA timezone.",
+          {"timezone": {"type": "string", "description": "IANA timezone name, e.g. Europe/London"}}, ["timezone"]),
+    _tool("add", "Add two numbers and return their sum.",
+          {"a": {"type": "number"}, "b": {"type": "number"}}, ["a", "b"]),
+    _tool("multiply", "Multiply two numbers.", {"x": {"type": "number"}, "y": {"type": "number"}}, ["x", "y"]),
+    _tool("get_weather", "Get the current weather for a city.",
+          {"city": {"type": "string", "description": "city name"}}, ["city"]),
+)}
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory):
+    from slb.build import build_buffer
+    from slb.embedder import Embedder
+    from slb.service import open_router
+    from slb.tools import as_entry
+
+    path = tmp_path_factory.mktemp("decide") / "b.slb"
+    build_buffer(list(TOOLS.values()), Embedder(), path)
+    return open_router("gate", tools=[as_entry(t) for t in TOOLS.values()], path=path)
+
+
+def decide(backend, router, text, tool_choice="auto", parallel=False, n_ctx=4096):
+    live = LiveContext(backend, None, n_ctx)
+    try:
+        turn = decide_turn(Decider(backend, DecideProfile(mode="model")), router, TOOLS,
+                           [{"role": "user", "content": text}], lambda ids: live, n_ctx, None, tool_choice, parallel)
+        return turn.decision
+    finally:
+        live.close()
+
+
+def test_qwen_template_call_format(qwen_backends):
+    fmt = probe_call_format(qwen_backends("llamacpp").tokenizer)
+    assert (fmt.opener, fmt.between, fmt.closer, fmt.separator) == (
+        '<tool_call>\n{"name": "', '", "arguments": ', "}\n</tool_call>", "\n")
+    assert fmt.template_tools
+
+
+@pytest.mark.parametrize("name", ["llamacpp", "mlx"])
+def test_every_outcome_on_both_backends(qwen_backends, router, name):
+    backend = qwen_backends(name)
+    d = decide(backend, router, "Add 12 and 30")  # a tool among the candidates, arguments from the request
+    assert d.kind == "call" and d.how == "model" and [c.name for c in d.calls] == ["add"]
+    assert d.calls[0].arguments == {"a": 12, "b": 30} and d.p_call > 0.5
+    assert sorted(d.candidates) == sorted(TOOLS)  # four tools fit: the model sees them all
+
+    d = decide(backend, router, "Thanks, that's all I needed.")  # a text answer
+    assert d.kind == "text" and not d.calls and d.p_call < 0.5
+
+    d = decide(backend, router, "Thanks, that's all I needed.", tool_choice="required")
+    assert d.kind == "call" and d.how == "tool_choice" and d.calls[0].name in TOOLS
+
+    d = decide(backend, router, "Add 12 and 30", tool_choice="none")
+    assert d.kind == "text" and d.how == "tool_choice" and d.p_call is None
+
+    d = decide(backend, router, "Add 12 and 30", tool_choice="multiply")  # a named function
+    assert [c.name for c in d.calls] == ["multiply"] and set(d.calls[0].arguments) == {"x", "y"}
+
+    d = decide(backend, router, "What is the weather in Paris and what is the weather in London?", parallel=True)
+    assert [c.name for c in d.calls] == ["get_weather", "get_weather"]
+    assert {c.arguments["city"] for c in d.calls} == {"Paris", "London"}
+
+
+def test_a_prompt_over_the_context_is_refused(qwen_backends, router):
+    with pytest.raises(PromptTooLong, match="context holds 300 tokens"):
+        decide(qwen_backends("llamacpp"), router, "Add 12 and 30", n_ctx=300)
+
+
+def test_a_model_without_a_tools_section_sees_signatures(llamacpp_backend, router):
+    tok = llamacpp_backend.tokenizer
+    assert probe_call_format(tok) == NEXUS_FORMAT
+    decider = Decider(llamacpp_backend, DecideProfile(mode="model"))
+    ids, spans = decider.prompt([{"role": "user", "content": "Add 12 and 30"}], _candidates())
+    assert spans == []
+    text = tok.decode(ids)
+    assert "add(a: num, b: num)" in text and '<tool_call>\n{"name": "NAME"' in text
+    d = decide(llamacpp_backend, router, "Add 12 and 30", tool_choice="add")
+    assert d.calls[0].name == "add" and d.calls[0].arguments == {"a": 12, "b": 30}
+
+
+def _candidates():
+    from nexus_agent.turn.decide import Candidate
+
+    return [Candidate(t, 0.5, i) for i, t in enumerate(TOOLS.values())]

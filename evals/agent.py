@@ -96,7 +96,7 @@ def _cold(live) -> None:
 
 def _baseline(agent, tools, task_tool, request: str, max_tokens: int) -> tuple[float | None, int]:
     """(ms to the first argument token or None when the prompt overflows, prompt tokens)."""
-    from nexus_agent.constrained import generate_json
+    from nexus_agent.arguments.constrained import generate_json
     from nexus_agent.prompts import baseline_messages
 
     ids = agent.backend.tokenizer.encode_chat(baseline_messages(tools, request))

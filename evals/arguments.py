@@ -6,7 +6,7 @@ Per item, in one process on one model:
     the reply taken as the arguments (the way BFCL prompts a model);
   - `constrained`: the agent's own argument path (compressed signature, full schema when needed or after a
     failed validation) under llguidance's schema grammar, without copying (`copy_bias` 0);
-  - `nexus`: the same path with copy-aware decoding (`copy_bias`, nexus_agent.copying).
+  - `nexus`: the same path with copy-aware decoding (`copy_bias`, nexus_agent.arguments.copying).
 - routed (end to end): the gold tool, the tools BFCL offered with it, and catalogue distractors make a
   registry of N tools; the SLB scan (embed mode: its top-1) picks one; `nexus` arguments for it.
   An item counts when the routed tool is the gold one and its arguments score.
@@ -37,7 +37,7 @@ FREE_SYSTEM = ("You are an expert in composing function calls. You are given a q
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from nexus_agent.copying import DEFAULT_BIAS
+    from nexus_agent.arguments.copying import DEFAULT_BIAS
 
     p.add_argument("--data", default=str(DATA), metavar="FILE", help="items in the BFCL arguments format")
     p.add_argument("--backend", choices=list_backends(text_only=False), default="llamacpp")
@@ -148,7 +148,7 @@ def _free(agent, tool, query: str, max_tokens: int) -> dict | None:
 
 
 def _ours(agent, tool, query: str, bias: float) -> dict | None:
-    from nexus_agent.copy_sources import Source
+    from nexus_agent.arguments.copy_sources import Source
 
     agent.config.copy_bias = bias
     _cold(agent.live)

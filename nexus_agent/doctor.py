@@ -62,7 +62,7 @@ def check_model(backend_name: str, model: str | None = None) -> list[Check]:
         return [("model", False, f"{e}")]
     out: list[Check] = [("model", True, f"{backend.info.path} on {backend_name}")]
     try:
-        from nexus_agent.constrained import generate_json, ll_tokenizer
+        from nexus_agent.arguments.constrained import generate_json, ll_tokenizer
 
         ll_tokenizer(backend.tokenizer)
         s = backend.new_session(512)

@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from native.generate import stream_generate
-from nexus_agent.constrained import generate_json
-from nexus_agent.copy_sources import Source, value_sources
-from nexus_agent.copying import DEFAULT_BIAS, CopyBias
-from nexus_agent.fullschema import insert_schema, needs_full_schema, user_tokens
+from nexus_agent.arguments.constrained import generate_json
+from nexus_agent.arguments.copy_sources import Source, value_sources
+from nexus_agent.arguments.copying import DEFAULT_BIAS, CopyBias
+from nexus_agent.arguments.fullschema import insert_schema, needs_full_schema, user_tokens
+from nexus_agent.arguments.text_path import TextArguments, is_text_only, text_answer
 from nexus_agent.memory import LiveContext, MemoryConfig, certify_answer
 from nexus_agent.prompts import answer_messages, argument_messages, observation_text
 from nexus_agent.servers import Observation, ServerPool
-from nexus_agent.text_path import TextArguments, is_text_only, text_answer
 from nexus_agent.trace import Trace
 from registry.signature import compress
 
@@ -41,7 +41,7 @@ _STEP_SPLIT = re.compile(r"\s*(?:;\s*(?:and\s+)?(?:then\s+)?|,?\s+and then\s+"
 class AgentConfig:
     """max_steps: tool calls per turn; max_arg_tokens / max_answer_tokens: generation limits; history_turns:
     earlier turns kept in the answer prompt; n_ctx: the live context size in tokens; copy_bias: the logit bias
-    toward copied argument values (`nexus_agent.copying`)."""
+    toward copied argument values (`nexus_agent.arguments.copying`)."""
 
     max_steps: int = 4
     max_arg_tokens: int = 160

@@ -104,7 +104,7 @@ class Engine:
     def _warm_up(self) -> None:
         """Compile the Numba scan and build llguidance's tokenizer and the copy index now (seconds), not on the
         first request: one routing and one argument decode of a one-parameter tool."""
-        from nexus_agent.copy_sources import Source
+        from nexus_agent.arguments.copy_sources import Source
         from registry.model import Tool
 
         tool = Tool.from_mcp(_WARMUP)
@@ -227,7 +227,7 @@ class Engine:
 
     def _tool_calls(self, req: ChatRequest, calls: list, emit) -> None:
         from native.generate import Detokenizer
-        from nexus_agent.copy_sources import Source
+        from nexus_agent.arguments.copy_sources import Source
 
         names = tool_names(req.messages)
         results = [result_text(m, names) for m in req.messages if m["role"] == "tool"][-4:]
@@ -275,7 +275,7 @@ class Engine:
         """Stream the text answer; `prompt`: (ids, logits after them, the live context holding them) when the
         decision already prefilled it; `first`: logits processors before the response format's."""
         from native.generate import SamplerConfig, stream_generate
-        from nexus_agent.constrained import GrammarMask, LoopGuard, schema_grammar
+        from nexus_agent.arguments.constrained import GrammarMask, LoopGuard, schema_grammar
 
         ids = prompt[0] if prompt else self.tok.encode_chat(render_messages(req.messages))
         room = self.config.n_ctx - len(ids)

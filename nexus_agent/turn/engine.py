@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
-from nexus_agent.copy_sources import Source
-from nexus_agent.turn.arguments import decode_in_place
+from nexus_agent.arguments.copy_sources import Source
+from nexus_agent.arguments.in_place import decode_in_place
 from nexus_agent.turn.decide import Candidate, Decider, Decision, top_k
 from nexus_agent.turn.retrieval import retrieve
 

@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from nexus_agent.constrained import _TokenList, generate_json
+from nexus_agent.arguments.constrained import _TokenList, generate_json
 
 SCHEMAS = [
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]},
@@ -56,8 +56,8 @@ def test_token_limit_gives_incomplete_json(llamacpp_backend):
 def test_json_is_closed_before_the_token_limit(llamacpp_backend):
     """A request with many copyable words makes the model list them in an array until the limit cuts the JSON;
     in its last tokens the loop guard prefers closers wherever the grammar allows one, so it ends complete."""
-    from nexus_agent.copy_sources import Source
-    from nexus_agent.copying import CopyBias
+    from nexus_agent.arguments.copy_sources import Source
+    from nexus_agent.arguments.copying import CopyBias
 
     tok = llamacpp_backend.tokenizer
     schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}},

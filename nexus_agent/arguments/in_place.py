@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from nexus_agent.constrained import generate_json
-from nexus_agent.copy_sources import Source
-from nexus_agent.copying import DEFAULT_BIAS, CopyBias
+from nexus_agent.arguments.constrained import generate_json
+from nexus_agent.arguments.copy_sources import Source
+from nexus_agent.arguments.copying import DEFAULT_BIAS, CopyBias
 
 
 def decode_in_place(live, ids: list[int], logits, tool, sources: list[Source], max_tokens: int = 160,

@@ -1,4 +1,4 @@
-"""Copy-aware argument decoding (nexus_agent.copying) on the real packaged model, one test per copy source,
+"""Copy-aware argument decoding (nexus_agent.arguments.copying) on the real packaged model, one test per copy source,
 and a property test that no copied value ever breaks the schema."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nexus_agent.constrained import generate_json
-from nexus_agent.copy_sources import Source, name_words, names_word, numbers_in, value_sources
-from nexus_agent.copying import CopyBias
-from nexus_agent.json_cursor import JsonCursor
+from nexus_agent.arguments.constrained import generate_json
+from nexus_agent.arguments.copy_sources import Source, name_words, names_word, numbers_in, value_sources
+from nexus_agent.arguments.copying import CopyBias
+from nexus_agent.arguments.json_cursor import JsonCursor
 from nexus_agent.prompts import argument_messages
 
 

@@ -14,9 +14,9 @@ import re
 
 import numpy as np
 
-from nexus_agent.copy_sources import MAX_TOKEN_BYTES, NUMBER, _escaped, enum_named, name_words, names_word
-from nexus_agent.json_cursor import JsonCursor, json_types, schema_at
-from nexus_agent.span_priors import JOINER_TEXT, taken
+from nexus_agent.arguments.copy_sources import MAX_TOKEN_BYTES, NUMBER, _escaped, enum_named, name_words, names_word
+from nexus_agent.arguments.json_cursor import JsonCursor, json_types, schema_at
+from nexus_agent.arguments.span_priors import JOINER_TEXT, taken
 
 KEY_BIAS = 2.0  # logits on the tokens of the key chosen next
 

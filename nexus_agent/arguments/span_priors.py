@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 
-from nexus_agent.copy_sources import name_words, names_word
-from nexus_agent.json_cursor import json_types, schema_at
+from nexus_agent.arguments.copy_sources import name_words, names_word
+from nexus_agent.arguments.json_cursor import json_types, schema_at
 
 USED_PENALTY = 2.0
 ORDER_PENALTY = 1.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from native.generate import SamplerConfig
-from nexus_agent.constrained import closed_schema
+from nexus_agent.arguments.constrained import closed_schema
 from nexus_agent.prompts import answer_messages, argument_messages, full_schema_messages, render_schema
 from registry.signature import compress
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from nexus_agent.json_cursor import schema_at
+from nexus_agent.arguments.json_cursor import schema_at
 
 MAX_TOKEN_BYTES = 24  # the longest token (in bytes) the copy tables index
 NUMBER = re.compile(rb"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\w|\.\d)")

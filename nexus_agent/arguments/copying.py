@@ -27,8 +27,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from nexus_agent.constrained import _REFS, token_bytes
-from nexus_agent.copy_sources import (
+from nexus_agent.arguments.constrained import _REFS, token_bytes
+from nexus_agent.arguments.copy_sources import (
     MAX_TOKEN_BYTES,
     NUMBER,
     Source,
@@ -38,9 +38,9 @@ from nexus_agent.copy_sources import (
     enum_named,
     numbers_in,
 )
-from nexus_agent.json_cursor import JsonCursor, json_types, schema_at
-from nexus_agent.key_choice import KeyChoice
-from nexus_agent.span_priors import USED_PENALTY, anchor, joiners, overlap_prior, sibling_rank, taken
+from nexus_agent.arguments.json_cursor import JsonCursor, json_types, schema_at
+from nexus_agent.arguments.key_choice import KeyChoice
+from nexus_agent.arguments.span_priors import USED_PENALTY, anchor, joiners, overlap_prior, sibling_rank, taken
 
 DEFAULT_BIAS = 4.0  # logits; chosen on the agent suite and BFCL by `nexus eval arguments --bias` (README)
 JOINER_PENALTY = 1.0  # per joining word inside a string copy (`span_priors.joiners`)

@@ -152,7 +152,7 @@ def _ours(agent, tool, query: str, bias: float) -> dict | None:
 
     agent.config.copy_bias = bias
     _cold(agent.live)
-    args, _, _, _ = agent.arguments(tool, query, [], [Source("request", query)])
+    args = agent.arguments(tool, query, [], [Source("request", query)]).arguments
     agent.trace.events.clear()
     return args
 

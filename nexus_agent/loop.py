@@ -22,16 +22,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from native.generate import stream_generate
-from nexus_agent.arguments.constrained import generate_json
 from nexus_agent.arguments.copy_sources import Source, value_sources
-from nexus_agent.arguments.copying import DEFAULT_BIAS, CopyBias
-from nexus_agent.arguments.fullschema import insert_schema, needs_full_schema, user_tokens
-from nexus_agent.arguments.text_path import TextArguments, is_text_only, text_answer
+from nexus_agent.arguments.copying import DEFAULT_BIAS
+from nexus_agent.arguments.decoder import ArgumentsResult, make_decoder
 from nexus_agent.memory import LiveContext, MemoryConfig, certify_answer
-from nexus_agent.prompts import answer_messages, argument_messages, observation_text
+from nexus_agent.prompts import answer_messages, observation_text
 from nexus_agent.servers import Observation, ServerPool
 from nexus_agent.trace import Trace
-from registry.signature import compress
+from nexus_agent.turn.decide import decider_for
 
 _STEP_SPLIT = re.compile(r"\s*(?:;\s*(?:and\s+)?(?:then\s+)?|,?\s+and then\s+"
                          r"|,?\s+then\s+|[.?!]\s+then\s+)\s*", re.IGNORECASE)
@@ -96,39 +94,6 @@ def result_text(call: ToolCall, limit: int = 300) -> str:
     return f"{call.tool} returned: {text}" if call.observation.ok else f"{call.tool} failed: {text}"
 
 
-def validate(arguments_text: str, schema: dict) -> tuple[dict | None, str | None]:
-    """(arguments, None) when the text is a JSON object valid under `schema`; else (None, the problem)."""
-    import json
-
-    import jsonschema
-
-    try:
-        value = json.loads(arguments_text)
-    except ValueError as e:
-        return None, f"not valid JSON ({e.msg} at character {e.pos}): {arguments_text[:80]!r}"
-    cls = jsonschema.validators.validator_for(schema)
-    errors = sorted(cls(schema).iter_errors(value), key=lambda e: list(e.path))
-    if errors:
-        where = "/".join(str(p) for p in errors[0].path) or "(root)"
-        return None, f"arguments fail the schema at {where}: {errors[0].message}"
-    if not isinstance(value, dict):
-        return None, "arguments must be a JSON object"
-    return value, None
-
-
-def _decider(backend):
-    """The backend's Decider with this model's decide profile (`nexus_agent.turn.profile`)."""
-    from nexus_agent.turn.blocks import ToolBlocks
-    from nexus_agent.turn.call_format import probe_call_format
-    from nexus_agent.turn.decide import Decider
-    from nexus_agent.turn.profile import load_decide_profile
-
-    fmt = probe_call_format(backend.tokenizer)
-    profile = load_decide_profile(backend.info.fingerprint, fmt.template_tools)
-    blocks = ToolBlocks(backend) if profile.splice and backend.capabilities.can_splice else None
-    return Decider(backend, profile, fmt, blocks)
-
-
 def _call_messages(calls: list[ToolCall], first: int) -> list[dict]:
     """An assistant message with `calls` and one tool message per result, OpenAI-style."""
     import json
@@ -158,11 +123,11 @@ class Agent:
         self.trace = trace or Trace()
         self.on_text = on_text or (lambda kind, piece: None)
         self.on_confirmed = on_confirmed
-        self.text_only = is_text_only(backend)  # an HTTP server: text prompts, no live KV context (text_path)
-        self._text = TextArguments(self) if self.text_only else None
-        self.live = None if self.text_only else LiveContext(backend, memory, self.config.n_ctx, self.trace)
+        self.decoder = make_decoder(backend, lambda: LiveContext(backend, memory, self.config.n_ctx, self.trace),
+                                    self.config, self.trace, lambda kind, piece: self.on_text(kind, piece))
+        self.live = self.decoder.live  # None on a text-only server (arguments.text_path): no KV context
         self.history: list[dict] = []
-        self.decider = None if self.text_only else _decider(backend)
+        self.decider = None if self.live is None else decider_for(backend)
 
     # -- one turn -----------------------------------------------------------------------------------------
     def run_turn(self, request: str) -> TurnResult:
@@ -258,7 +223,8 @@ class Agent:
         needed; values may be copied from both), then the MCP call."""
         results = list(results or [])
         sources = [Source("request", step)] + [Source("observation", r) for r in results]
-        args, problem, source, ttfat = self.arguments(tool, step, results, sources)
+        res = self.arguments(tool, step, results, sources)
+        args, problem, source, ttfat = res.arguments, res.problem, res.source, res.ttfat_ms
         if args is None:
             obs = Observation(tool.name, "invalid_arguments",
                               f"the model did not produce valid arguments for {tool.name}: {problem}")
@@ -268,60 +234,19 @@ class Agent:
         self.trace.emit("tool_call", arguments=args, source=source, value_sources=provenance, **obs.as_dict())
         return ToolCall(tool.name, args, source, obs, ttfat, provenance)
 
-    def arguments(self, tool, step: str, results: list[str], sources: list[Source]):
-        """(arguments or None, the problem, "signature" | "full_schema", ms to the first argument token).
-
-        The compressed signature first; the full schema (a spliced block, or text) when the signature is not
-        enough for this tool (`needs_full_schema`) or its arguments failed validation. The decoding itself is
-        the backend's: `_decode_local` on the live KV context, `TextArguments` on a text-only server.
-        """
-        schema = tool.input_schema or {"type": "object"}
-        decode = self._text.decode if self.text_only else self._decode_local
-        reason = needs_full_schema(tool)
-        args, problem, source, ttfat = None, reason, "signature", 0.0
-        if reason is None:
-            sig = compress(tool)
-            text, ms, n_prompt, error = decode(tool, step, results, sources, None)
-            ttfat = ms
-            args, problem = validate(text, schema) if not error else (None, error)
-            self.trace.emit("args", tool=tool.name, source="signature", signature=sig, text=text,
-                            prompt_tokens=n_prompt, ttfat_ms=round(ms, 2), valid=args is not None, problem=problem)
-        if args is None:
-            source = "full_schema"
-            text, ms, n_prompt, error = decode(tool, step, results, sources, problem or "")
-            args, problem = validate(text, schema) if not error else (None, error)
-            self.trace.emit("args", tool=tool.name, source="full_schema", text=text, prompt_tokens=n_prompt,
-                            ttfat_ms=round(ms, 2), valid=args is not None, problem=problem)
-            ttfat = ttfat or ms
-        return args, problem, source, ttfat
-
-    def _decode_local(self, tool, step: str, results: list[str], sources: list[Source], problem: str | None):
-        """(text, ms to the first token, prompt tokens, error) of one constrained decode on the live context:
-        the signature prompt when `problem` is None, else the full-schema segment (spliced or prefilled)."""
-        schema = tool.input_schema or {"type": "object"}
-        tok = self.backend.tokenizer
-        t0 = time.perf_counter()
-        if problem is None:
-            ids = tok.encode_chat(argument_messages(compress(tool), step, results))
-        else:
-            prefix, info = insert_schema(self.live, tool)
-            ids = prefix + user_tokens(tok, step, problem or None, results)
-            self.trace.emit("full_schema", tool=tool.name, why=problem, prompt_tokens=len(ids), **info)
-        logits = self.live.prefill(ids)
-        prefill_s = time.perf_counter() - t0
-        session = self.live.session if self.config.copy_rank else None
-        copy = [CopyBias(tok, sources, schema, self.config.copy_bias, session)] if self.config.copy_bias else []
-        res = generate_json(self.live.session, ids, schema, tok, self.config.max_arg_tokens,
-                            on_token=lambda p: self.on_text("args", p), logits=logits, processors=copy)
-        for t in res.tokens[: res.decoded]:
-            self.live.decoded(t)
-        return res.text, (res.ttft_s + prefill_s) * 1e3, len(ids), res.error
+    def arguments(self, tool, step: str, results: list[str], sources: list[Source]) -> ArgumentsResult:
+        """Arguments from the compressed signature first, the full schema (a spliced block, or text) when the
+        signature is not enough or they failed validation (`arguments.decoder`)."""
+        return self.decoder.decode(tool, step, results, sources)
 
     # -- answer -------------------------------------------------------------------------------------------
     def answer(self, request: str, observations: list[str]) -> str:
-        """The model's streamed answer with this turn's observations (history trimmed to fit the budget)."""
-        if self.text_only:
-            return text_answer(self, request, observations)
+        """The model's streamed answer with this turn's observations: on the live context, or from a text-only
+        server (the decoder knows which)."""
+        return self.decoder.answer(self, request, observations)
+
+    def answer_local(self, request: str, observations: list[str]) -> str:
+        """The answer on the live context (history trimmed to fit the budget)."""
         tok = self.backend.tokenizer
         history = self.history[-2 * self.config.history_turns:]
         ids = tok.encode_chat(answer_messages(request, observations, history))
@@ -352,7 +277,6 @@ class Agent:
         return answer
 
     def close(self) -> None:
-        if self.live is not None:
-            self.live.close()
+        self.decoder.close()
         self.pool.close()
         self.trace.close()

@@ -77,9 +77,11 @@ class Engine:
 
     def __init__(self, config: EngineConfig | None = None):
         from native import load_backend
-        from nexus_agent.loop import Agent, AgentConfig
-        from nexus_agent.servers import ServerPool
+        from nexus_agent.arguments.decoder import ArgumentDecoder
+        from nexus_agent.loop import AgentConfig
+        from nexus_agent.memory import LiveContext
         from nexus_agent.trace import Trace
+        from nexus_agent.turn.decide import decider_for
         from slb.embedder import Embedder
 
         self.config = c = config or EngineConfig()
@@ -93,12 +95,13 @@ class Engine:
         self.routers: OrderedDict[str, object] = OrderedDict()  # digest of a tool list's hashes -> Router
         self.embedded = 0  # tools run through the embedder (cache misses)
         self._cancelled: Callable[[], bool] = lambda: False
-        # the agent holds the argument context; the pool is empty: the client runs the tools
-        self.agent = Agent(self.backend, None, {}, ServerPool({}, {}),
-                           AgentConfig(n_ctx=c.n_ctx, max_arg_tokens=c.max_arg_tokens, answer=False),
-                           trace=Trace(), on_text=self._on_text)
+        self.trace = Trace()
+        # arguments from their own prompt (router-only plans, and the fallback of a decision's in-place ones)
+        self.decoder = ArgumentDecoder(self.backend, LiveContext(self.backend, None, c.n_ctx, self.trace),
+                                       AgentConfig(n_ctx=c.n_ctx, max_arg_tokens=c.max_arg_tokens), self.trace,
+                                       self._on_text)
         self.contexts: list = []
-        self.decider = self.agent.decider  # the model's call format and decide profile (nexus_agent.turn)
+        self.decider = decider_for(self.backend)  # the model's call format and decide profile (nexus_agent.turn)
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -109,8 +112,8 @@ class Engine:
 
         tool = Tool.from_mcp(_WARMUP)
         self.router_for([tool]).route("warm up")
-        self.agent.arguments(tool, "Say hi", [], [Source("request", "Say hi")])
-        self.agent.trace.events.clear()
+        self.decoder.decode(tool, "Say hi", [], [Source("request", "Say hi")])
+        self.trace.events.clear()
 
     # -- tools and routing ------------------------------------------------------------------------------------
     def router_for(self, tools: list):
@@ -171,7 +174,7 @@ class Engine:
 
     # -- one request ------------------------------------------------------------------------------------------
     def run(self, req: ChatRequest, emit: Callable[[tuple], None], cancelled: Callable[[], bool]) -> None:
-        self.agent.trace.events.clear()
+        self.trace.events.clear()
         self._cancelled = cancelled
         try:
             if req.tools and req.tool_choice != "none" and self.decider.profile.mode == "model":
@@ -193,7 +196,7 @@ class Engine:
         tool_choice = req.tool_choice if req.named or req.tool_choice == "required" else "auto"
         try:
             return decide_turn(self.decider, self.router_for(req.tools), {t.name: t for t in req.tools},
-                               req.messages, self._context, self.config.n_ctx, self.agent.arguments, tool_choice,
+                               req.messages, self._context, self.config.n_ctx, self.decoder.decode, tool_choice,
                                req.parallel_tool_calls, self.config.max_arg_tokens, arguments)
         except PromptTooLong as e:
             raise ApiError(400, str(e), "invalid_request_error", "messages", "context_length_exceeded") from None
@@ -202,7 +205,7 @@ class Engine:
         """Tool calls as the model decided, or its answer decoded from the same context."""
         turn = self.decide(req)
         decision, ids = turn.decision, turn.ids
-        self.agent.trace.emit("decide", profile=self.decider.profile.source, **decision.as_dict())
+        self.trace.emit("decide", profile=self.decider.profile.source, **decision.as_dict())
         if decision.kind == "text":
             self._answer(req, emit, cancelled, prompt=(ids, turn.logits, turn.live), first=[self.decider.text_mask()])
             return
@@ -236,16 +239,14 @@ class Engine:
         for i, (tool, step) in enumerate(calls):
             emit(("tool_call", i, new_id("call_"), tool.name))
             sources = [Source("request", step)] + [Source("observation", r) for r in results]
-            attempts = len(self.agent.trace.of("args"))
-            args, problem, _, _ = self.agent.arguments(tool, step, results, sources)
-            events = self.agent.trace.of("args")[attempts:]
-            n_prompt += sum(e["prompt_tokens"] for e in events)
-            n_out += sum(len(self.tok.encode(e["text"])) for e in events)
-            if args is None:
-                raise ApiError(500, f"no valid arguments for {tool.name}: {problem}", "server_error", None,
+            res = self.decoder.decode(tool, step, results, sources)
+            n_prompt += res.prompt_tokens
+            n_out += res.completion_tokens
+            if res.arguments is None:
+                raise ApiError(500, f"no valid arguments for {tool.name}: {res.problem}", "server_error", None,
                                "invalid_arguments")
             text = Detokenizer(self.tok)  # the arguments in the model's own token pieces
-            for t in self.tok.encode(events[-1]["text"]):
+            for t in self.tok.encode(res.text):
                 if piece := text.add(t):
                     emit(("arguments", i, piece))
         emit(("finish", "tool_calls", usage_of(n_prompt, n_out)))
@@ -330,7 +331,7 @@ class Engine:
     def close(self) -> None:
         for live in self.contexts:
             live.close()
-        self.agent.close()
+        self.decoder.close()
         self.backend.close()
 
 

@@ -12,14 +12,13 @@ from typing import Callable
 from nexus_agent.arguments.constrained import generate_json
 from nexus_agent.arguments.copy_sources import Source
 from nexus_agent.arguments.copying import DEFAULT_BIAS, CopyBias
+from nexus_agent.arguments.decoder import validate
 
 
 def decode_in_place(live, ids: list[int], logits, tool, sources: list[Source], max_tokens: int = 160,
                     copy_bias: float = DEFAULT_BIAS, on_token: Callable[[str], None] | None = None):
     """(arguments or None, the problem, the JSON text) for `tool`, decoded on `live` after `ids` (`logits`:
     the next-token logits there). The context then holds `ids` and the decoded tokens."""
-    from nexus_agent.loop import validate
-
     schema = tool.input_schema or {"type": "object"}
     tok = live.backend.tokenizer
     copy = [CopyBias(tok, sources, schema, copy_bias, live.session)] if copy_bias else []

@@ -13,13 +13,9 @@ import time
 
 from native.generate import SamplerConfig
 from nexus_agent.arguments.constrained import closed_schema
+from nexus_agent.arguments.decoder import ArgumentDecoder
 from nexus_agent.prompts import answer_messages, argument_messages, full_schema_messages, render_schema
 from registry.signature import compress
-
-
-def is_text_only(backend) -> bool:
-    """Whether `backend` generates through a text API only (no Session, no tokenizer)."""
-    return backend.capabilities.text_only
 
 
 def _stream(agent, messages: list[dict], max_tokens: int, kind: str, schema: dict | None = None):
@@ -35,36 +31,31 @@ def _stream(agent, messages: list[dict], max_tokens: int, kind: str, schema: dic
     return text, (ttft if ttft is not None else time.perf_counter() - t0), prompt_tokens, n
 
 
-class TextArguments:
-    """Argument decoding on a text-only server, for `Agent.arguments` (which runs the signature-then-full-schema
-    flow for both kinds of backend). The server constrains its reply with the tool's closed schema through
-    `response_format`; values cannot be copy-biased here (no logits), `jsonschema` validates every reply."""
+class TextArgumentDecoder(ArgumentDecoder):
+    """Argument decoding on a text-only server (`ArgumentDecoder.decode` runs the same signature-then-full-schema
+    flow). The server constrains its reply with the tool's closed schema through `response_format`; values
+    cannot be copy-biased here (no logits), `jsonschema` validates every reply."""
 
-    def __init__(self, agent):
-        self.agent = agent
-
-    def decode(self, tool, step: str, results: list[str], sources, problem: str | None):
-        """(text, ms to the first piece, prompt tokens, error): the signature prompt when `problem` is None,
-        else the full schema as text."""
-        agent = self.agent
+    def _attempt(self, tool, step: str, results: list[str], sources, problem: str | None):
+        """(text, ms to the first piece, prompt tokens, error, tokens generated): the signature prompt when
+        `problem` is None, else the full schema as text."""
         if problem is None:
             messages = argument_messages(compress(tool), step, results)
         else:
-            agent.trace.emit("full_schema", tool=tool.name, why=problem, how="text_prefill",
-                             fallback="text-only backend: the server holds no splice blocks")
+            self.trace.emit("full_schema", tool=tool.name, why=problem, how="text_prefill",
+                            fallback="text-only backend: the server holds no splice blocks")
             messages = full_schema_messages(render_schema(tool), step, problem or None, results)
         schema = closed_schema(tool.input_schema or {"type": "object"})
-        text, ttft, n_prompt, _ = _stream(agent, messages, agent.config.max_arg_tokens, "args", schema)
-        return text, ttft * 1e3, n_prompt, None
+        text, ttft, n_prompt, n = _stream(self, messages, self.config.max_arg_tokens, "args", schema)
+        return text, ttft * 1e3, n_prompt, None, n
 
-
-def text_answer(agent, request: str, observations: list[str]) -> str:
-    """The turn's streamed answer from the server (history: the last `history_turns` turns)."""
-    t0 = time.perf_counter()
-    history = agent.history[-2 * agent.config.history_turns:]
-    text, _, n_prompt, n = _stream(agent, answer_messages(request, observations, history),
-                                   agent.config.max_answer_tokens, "answer")
-    answer = text.strip()
-    agent.trace.emit("answer", text=answer, tokens=n, prompt_tokens=n_prompt,
-                     ms=round((time.perf_counter() - t0) * 1e3, 2), cache_tokens=0)
-    return answer
+    def answer(self, agent, request: str, observations: list[str]) -> str:
+        """The turn's streamed answer from the server (history: the last `history_turns` turns)."""
+        t0 = time.perf_counter()
+        history = agent.history[-2 * agent.config.history_turns:]
+        text, _, n_prompt, n = _stream(agent, answer_messages(request, observations, history),
+                                       agent.config.max_answer_tokens, "answer")
+        answer = text.strip()
+        agent.trace.emit("answer", text=answer, tokens=n, prompt_tokens=n_prompt,
+                         ms=round((time.perf_counter() - t0) * 1e3, 2), cache_tokens=0)
+        return answer

@@ -229,6 +229,18 @@ class Decider:
         return mask
 
 
+def decider_for(backend) -> Decider:
+    """The backend's Decider: its model's call format and decide profile, with candidate blocks where the
+    profile splices and the backend can."""
+    from nexus_agent.turn.blocks import ToolBlocks
+    from nexus_agent.turn.profile import load_decide_profile
+
+    fmt = probe_call_format(backend.tokenizer)
+    profile = load_decide_profile(backend.info.fingerprint, fmt.template_tools)
+    blocks = ToolBlocks(backend) if profile.splice and backend.capabilities.can_splice else None
+    return Decider(backend, profile, fmt, blocks)
+
+
 def top_k(decision, tools: dict, profile: DecideProfile, registry_size: int) -> list[Candidate]:
     """The candidates shown to the model. When the registry fits (`fit_all`), every tool in registry order: the
     tools section is then the same on every turn and its tokens stay cached. Else the router's first `k`, its

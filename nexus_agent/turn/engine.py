@@ -51,8 +51,8 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
 
     `messages`: OpenAI-style chat messages (tool calls and results included); `context(ids)`: the live context
     to decide on (one that shares a prefix with `ids` saves its prefill); `fallback(tool, step, results,
-    sources) -> (arguments, problem, ...)`: the argument decoder for a call whose in-place arguments failed
-    (the full schema); `tool_choice`: auto | required | none | a tool name; `arguments`: replaces the argument
+    sources) -> ArgumentsResult`: the argument decoder for a call whose in-place arguments failed (its own
+    prompt, the full schema); `tool_choice`: auto | required | none | a tool name; `arguments`: replaces the argument
     decoding altogether (evals that measure the decision only).
     """
     from nexus_agent.openai_api import render_messages, template_messages
@@ -73,7 +73,8 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
     def in_place(tool, live, at, logits):
         args, problem, text = decode_in_place(live, at, logits, tool, sources, max_arg_tokens)
         if args is None and fallback is not None:  # the full schema, then give up on this call
-            args, problem = fallback(tool, step, results, sources)[:2]
+            res = fallback(tool, step, results, sources)
+            args, problem = res.arguments, res.problem
             text = json.dumps(args, ensure_ascii=False) if args is not None else text
         return args, problem, text
 

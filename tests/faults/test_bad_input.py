@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from nexus_agent.loop import validate
+from nexus_agent.arguments.decoder import validate
 from nexus_agent.prompts import answer_messages, argument_messages
 from registry.model import Tool, ToolValidationError
 from registry.servers.calculator import FUNCTIONS as CALCULATOR

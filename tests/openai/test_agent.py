@@ -19,7 +19,8 @@ def test_agent_turn_over_http_reaches_the_tool_with_schema_valid_args(openai_bac
     agent = Agent(openai_backend, ensure_router(probe_store), tools, pool, AgentConfig(max_answer_tokens=16),
                   on_text=lambda kind, piece: streamed.append((kind, piece)))
     try:
-        assert agent.text_only and agent.live is None  # the capability flag decided: no session was opened
+        # the capability decided which decoder runs (arguments.text_path): no session was opened
+        assert type(agent.decoder).__name__ == "TextArgumentDecoder" and agent.live is None
         turn = agent.run_turn("Record the sum of 12 and 30")
     finally:
         agent.close()

@@ -40,7 +40,16 @@ from nexus_agent.arguments.copy_sources import (
 )
 from nexus_agent.arguments.json_cursor import JsonCursor, json_types, schema_at
 from nexus_agent.arguments.key_choice import KeyChoice
-from nexus_agent.arguments.span_priors import USED_PENALTY, anchor, joiners, overlap_prior, sibling_rank, taken
+from nexus_agent.arguments.span_priors import (
+    USED_PENALTY,
+    anchor,
+    joiners,
+    listed_next,
+    names_label,
+    overlap_prior,
+    sibling_rank,
+    taken,
+)
 
 DEFAULT_BIAS = 4.0  # logits; chosen on the agent suite and BFCL by `nexus eval arguments --bias` (README)
 JOINER_PENALTY = 1.0  # per joining word inside a string copy (`span_priors.joiners`)
@@ -56,9 +65,13 @@ def _bytes_index_cached(digest: str, tokenizer_ref: int) -> tuple[dict[bytes, li
     close_str = np.zeros(len(tb), dtype=bool)
     close_num = np.zeros(len(tb), dtype=bool)
     close_obj = np.zeros(len(tb), dtype=bool)
+    close_arr = np.zeros(len(tb), dtype=bool)
+    bracket = np.zeros(len(tb), dtype=bool)
     comma = np.zeros(len(tb), dtype=bool)
     for i, b in enumerate(tb):
         close_obj[i] = b.lstrip(b" \n\t")[:1] == b"}"
+        close_arr[i] = b.lstrip(b" \n\t")[:1] == b"]"
+        bracket[i] = b"]" in b
         comma[i] = b"," in b
         if 0 < len(b) <= MAX_TOKEN_BYTES:
             index.setdefault(b, []).append(i)
@@ -66,7 +79,7 @@ def _bytes_index_cached(digest: str, tokenizer_ref: int) -> tuple[dict[bytes, li
             close_str[i] = True
         if b and all(c in _NUMBER_CLOSERS for c in b) and b[0] in b",}]":
             close_num[i] = True
-    return index, close_str, close_num, close_obj, comma
+    return index, close_str, close_num, close_obj, comma, close_arr, bracket
 
 
 class CopyBias:
@@ -88,8 +101,8 @@ class CopyBias:
         _REFS[id(tokenizer)] = tokenizer
         self.tokenizer = tokenizer
         self.tb = token_bytes(tokenizer)
-        self.index, self.close_str, self.close_num, self.close_obj, self.comma = _bytes_index_cached(
-            tokenizer.digest, id(tokenizer))
+        (self.index, self.close_str, self.close_num, self.close_obj, self.comma, self.close_arr,
+         self.bracket) = _bytes_index_cached(tokenizer.digest, id(tokenizer))
         self.schema, self.bias = schema or {}, bias
         self.session, self.rank_starts, self.max_copy_tokens = session, rank_starts, max_copy_tokens
         self.cursor = JsonCursor()
@@ -105,6 +118,7 @@ class CopyBias:
         self.decided = 0  # cursor.values of the last value ranked (or left to the model)
         self.boosted = 0  # steps at which some token was boosted
         self.ranked: list[dict] = []  # one entry per ranked value: the candidates and the pick (for the trace)
+        self.item: tuple[int, int, int] | None = None  # the span the last array item copied
         self.keys = KeyChoice(self.schema, self.cursor, self.request, self.texts, self.used, self.index,
                               self.close_obj, self.comma, bias)
 
@@ -264,8 +278,11 @@ class CopyBias:
         numeric_left = string and bool(self.keys.left(lambda t: t & {"number", "integer"}))
         done = len(prefix) - (1 if string else 0)  # value bytes already written before the copy
         scored = []
+        label = [w for w in self.cursor.path() if w != "[]"][-1:]
         for s, toks, (k, p) in self._score(logits, cands, string, word_ends=string and "enum" not in sub):
             span = (k, p, p + done + sum(len(self.tb[t]) for t in toks))
+            if string and "enum" not in sub and label and names_label(self.texts[k][0][span[1]:span[2]], label[0]):
+                continue  # the word that names the parameter is its label, not its value ("the timezone")
             prior = overlap_prior(self.used, span, rank, positions)
             if string and "enum" not in sub:
                 prior -= JOINER_PENALTY * joiners(self.texts[k][0], span[1], span[2])
@@ -277,6 +294,7 @@ class CopyBias:
             return
         score, toks, where = max(scored, key=lambda s: s[0])
         self.used.append(where)
+        self.item = where if self.cursor.path()[-1:] == ("[]",) else None
         self.plan = list(toks)
         self.close_after_plan = True
         top = sorted(scored, key=lambda s: -s[0])[:4]
@@ -299,7 +317,19 @@ class CopyBias:
         closers = self.close_str if self.cursor.in_string else self.close_num
         n = min(len(out), len(closers))
         out[:n] = np.where(closers[:n], out[:n] + 1e4, out[:n])
+        if self.item is not None and self.item == self.used[-1]:  # an array item: does the request list more?
+            more = listed_next(self.texts[self.item[0]][0], self.item[2])
+            pick = closers[:n] & (self.comma[:n] & ~self.bracket[:n] if more else self.bracket[:n] & ~self.comma[:n])
+            out[:n] = np.where(pick, out[:n] + 1e3, out[:n])
         return self.keys.closer_tilt(out, closers)
+
+    def _close_array(self, logits: np.ndarray) -> np.ndarray:
+        """The request names no further item after the one just copied: close the array where the grammar
+        allows (an array of strings otherwise keeps taking the request's other words as items)."""
+        n = min(len(logits), len(self.close_arr))
+        out = logits.copy()
+        out[:n] = np.where(self.close_arr[:n] & np.isfinite(out[:n]), out[:n] + 1e4, out[:n])
+        return out
 
     def __call__(self, tokens: list[int], logits: np.ndarray) -> np.ndarray:
         for t in tokens[self.seen:]:
@@ -314,6 +344,9 @@ class CopyBias:
         if self.bias == 0:
             return logits
         if prefix is None:
+            if self.item is not None and self.cursor.between_items() and not listed_next(self.texts[self.item[0]][0],
+                                                                                         self.item[2]):
+                return self._close_array(logits)
             return self.keys(logits)
         sub = schema_at(self.schema, self.cursor.path())
         ids, closes = self.candidates(prefix, sub)

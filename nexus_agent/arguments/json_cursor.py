@@ -107,6 +107,10 @@ class JsonCursor:
         """The keys of the innermost object written so far (the one being written included once closed)."""
         return list(self.stack[-1][3]) if self.stack and self.stack[-1][0] == "{" else []
 
+    def between_items(self) -> bool:
+        """Right after an array item: a comma (another item) or the closing bracket comes next."""
+        return bool(self.stack) and self.stack[-1][0] == "[" and self.stack[-1][2] == "comma" and not self.scalar
+
     def path(self) -> tuple[str, ...]:
         return tuple(f[1] if f[0] == "{" else "[]" for f in self.stack)
 

@@ -14,6 +14,7 @@ A copy is `where = (source, start, end)`: byte offsets into the source's escaped
 from __future__ import annotations
 
 import json
+import re
 
 from nexus_agent.arguments.copy_sources import name_words, names_word
 from nexus_agent.arguments.json_cursor import json_types, schema_at
@@ -110,3 +111,20 @@ def sibling_rank(schema: dict, path: tuple, sub: dict) -> int | None:
     mine = kind(sub)
     same = [name for name, s in props.items() if mine is not None and kind(s) == mine]
     return same.index(path[-1]) if len(same) > 1 and path[-1] in same else None
+
+
+LIST_JOINERS = (b",", b"and ", b"or ", b"& ", b"plus ", b"as well as ")
+
+
+def listed_next(text: bytes, end: int) -> bool:
+    """Whether a list goes on after the span ending at `end`: a comma or a list word follows it ("a.txt, b.txt
+    and c.txt"). An array item copied from a request is followed by the next item only in a list."""
+    rest = text[end:].lstrip(b"'`\" ").lower()
+    return rest.startswith(LIST_JOINERS)
+
+
+def names_label(span: bytes, name: str) -> bool:
+    """Whether every word of `span` names the parameter `name` (`copy_sources.names_word`): the request's
+    label for the value ("the timezone"), never the value itself."""
+    words = [w for w in re.split(rb"[^A-Za-z]+", span) if w]
+    return bool(words) and all(names_word(w.decode(), name_words(name)) for w in words)

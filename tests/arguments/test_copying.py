@@ -132,6 +132,37 @@ def test_a_value_ends_where_the_next_parameter_is_named(llamacpp_backend, word):
     assert value == {"title": word, "body": f"buy {word}"}
 
 
+GIT_ADD = {"type": "object", "properties": {"repo_path": {"type": "string"},
+                                           "files": {"type": "array", "items": {"type": "string"}}},
+           "required": ["repo_path", "files"]}
+TIMEZONE = {"type": "object", "properties": {"timezone": {"type": "string",
+                                                          "description": "IANA timezone name"}},
+            "required": ["timezone"]}
+
+
+@pytest.mark.parametrize("backend_name", ["llamacpp-smollm2", "llamacpp-qwen"])
+def test_an_array_ends_after_the_items_the_request_lists(llamacpp_backend, qwen_backends, backend_name):
+    """A string array took copy after copy ("notes.txt", "repo", "file", "at PATH", ...) until the token limit:
+    after an item that no comma or list word follows in the request, the array closes."""
+    backend = llamacpp_backend if backend_name.endswith("smollm2") else qwen_backends("llamacpp")
+    sig = "git_add(repo_path: str, files: [str]) — stage files"
+    one = _decode(backend, GIT_ADD, "Stage the file notes.txt in the repo at /tmp/r", sig=sig)
+    assert one["files"] == ["notes.txt"]
+    two = _decode(backend, GIT_ADD, "Stage a.txt and b.txt in the repo at /tmp/r", sig=sig)
+    # a listed item is followed by the next one; SmolLM2 starts this list at b.txt (its first pick, not the close)
+    assert two["files"][-1] == "b.txt" and len(two["files"]) == len(set(two["files"]))
+    if backend_name.endswith("qwen"):
+        assert two["files"] == ["a.txt", "b.txt"]
+
+
+@pytest.mark.parametrize("backend_name", ["llamacpp-smollm2", "llamacpp-qwen"])
+def test_the_word_that_names_a_parameter_is_not_its_value(llamacpp_backend, qwen_backends, backend_name):
+    backend = llamacpp_backend if backend_name.endswith("smollm2") else qwen_backends("llamacpp")
+    value = _decode(backend, TIMEZONE, "Tell me the current time in the America/New_York timezone.",
+                    sig="get_current_time(timezone: str) — current time in a timezone")
+    assert value["timezone"] != "timezone"
+
+
 def test_optional_keys_the_request_does_not_name_are_left_out(llamacpp_backend):
     """Both keys optional: the first (the main parameter) gets the value, and the `tag` the request never
     mentions is not filled with a word of the tool's own name."""

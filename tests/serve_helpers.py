@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from http_servers import stop, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "routing"
@@ -96,3 +101,24 @@ def stream_events(serve_url: str, body: dict, close_after: int | None = None) ->
                 return out
     conn.close()
     return out
+
+
+READY_TIMEOUT_S = 120
+
+
+@contextmanager
+def running_serve(home, *args: str):
+    """A `nexus serve` subprocess with its home in `home`, started with `args`; yields its root URL."""
+    port = free_port()
+    log = home / "server.log"
+    env = dict(os.environ, NEXUS_HOME=str(home), PYTHONPATH=str(ROOT), NEXUS_THREADS="1", OMP_NUM_THREADS="1",
+               OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "nexus_agent.cli", "serve", "--port", str(port), "--api-key", API_KEY, *args]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(proc, f"{url}/health", lambda r: r.get("status") == "ok", "nexus serve", log, READY_TIMEOUT_S)
+        yield url
+    finally:
+        stop(proc)

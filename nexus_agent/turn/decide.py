@@ -17,6 +17,7 @@ One pass over one live context, in the call format of the model's own template (
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -142,9 +143,10 @@ class Decider:
     # -- one decision -------------------------------------------------------------------------------------
     def decide(self, live, ids: list[int], candidates: list[Candidate], top1: float, margin: float,
                arguments: Callable, tool_choice: str | None = "auto", parallel: bool = False,
-               spans: list[tuple[int, int]] = ()) -> tuple:
+               spans: list[tuple[int, int]] = (), request: str = "") -> tuple:
         """Decide on `live` after the prompt `ids` (`self.prompt(messages, candidates)`, with the candidates'
-        `spans` spliced from their blocks when the decider has `blocks`): (Decision, the ids the context holds,
+        `spans` spliced from their blocks when the decider has `blocks`; `request`: the user's words, which
+        parallel calls divide among themselves): (Decision, the ids the context holds,
         the logits after them). For a text decision the logits are the prompt's, ready for the answer (with
         `text_mask` first among its processors)."""
         t0 = time.perf_counter()
@@ -178,8 +180,9 @@ class Decider:
                 d.name_logprobs = lps
             tool = next(c.tool for c in pool if c.name == name)
             args, problem, text = arguments(tool, live, ids, logits)
-            if any(c.name == name and c.arguments == args for c in d.calls):
-                break  # a small model repeats its last call rather than end the message: the repeat ends it
+            if d.calls and not _new_part(args, d.calls, request):
+                break  # a further call must act on a part of the request no earlier call took (small models
+                # otherwise repeat a call, or call every candidate with the same value)
             d.calls.append(Choice(name, args, problem, text))
             ids = ids + self.tok.encode(text) + self.closer
             if not parallel or len(d.calls) >= MAX_PARALLEL or named:
@@ -227,6 +230,26 @@ class Decider:
                 logits[first] = -np.inf
             return logits
         return mask
+
+
+def _leaves(value) -> list:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _leaves(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in _leaves(v)]
+    return [value]
+
+
+def _words(values) -> set[str]:
+    return {w for v in values if v is not None for w in re.findall(r"\w+", str(v).lower())}
+
+
+def _new_part(args: dict | None, earlier: list[Choice], request: str) -> bool:
+    """Whether `args` take a word of `request` that none of the `earlier` calls took ("London" after "Paris";
+    not "Tokyo" after "Asia/Tokyo")."""
+    asked = _words([request])
+    taken = _words(v for c in earlier for v in _leaves(c.arguments or {})) & asked
+    return bool((_words(_leaves(args or {})) & asked) - taken)
 
 
 def decider_for(backend) -> Decider:

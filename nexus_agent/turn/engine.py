@@ -80,7 +80,7 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
 
     live = context(ids)
     decision, held, logits = decider.decide(live, ids, cands, d.score, d.margin, arguments or in_place,
-                                            tool_choice, parallel, spans)
+                                            tool_choice, parallel, spans, step)
     if decision.kind == "call":
         live.ids = held[: live.session.n_past]
     return Turn(decision, ids, logits, live)

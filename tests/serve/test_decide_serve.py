@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import running_serve
-from serve_helpers import ADD, API_KEY, catalogue_tools, function
+from serve_helpers import ADD, API_KEY, catalogue_tools, function, running_serve
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +40,8 @@ def test_a_fitting_tool_among_250_is_called_with_the_request_values(qwen_client)
     r = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "What time is it in Tokyo right now? Use Asia/Tokyo."}],
         tools=tools)
-    (call,) = r.choices[0].message.tool_calls
+    calls = r.choices[0].message.tool_calls
+    assert len(calls) == 1, [(c.function.name, c.function.arguments) for c in calls]
+    (call,) = calls
     assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_current_time"
     assert json.loads(call.function.arguments) == {"timezone": "Asia/Tokyo"}

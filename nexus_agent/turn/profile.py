@@ -76,7 +76,7 @@ def load_decide_profile(fingerprint: str, template_tools: bool) -> DecideProfile
     if data is not None:
         try:
             return DecideProfile(**data)
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: bad decide profile ({e}); rerun `nexus eval decide --calibrate`") from None
     return DecideProfile(mode="model" if template_tools else "router")
 

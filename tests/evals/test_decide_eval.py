@@ -1,0 +1,84 @@
+"""`nexus eval decide`: a real tiny run through the CLI (JSON shape, table, plot, dump), and the calibration's
+fit on measurements whose answer is known."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evals.decide import apply, fit, items
+from nexus_agent.turn.profile import DecideProfile
+
+
+def test_tiny_run_writes_the_json_the_issue_names(routing_data, tmp_path, capsys):
+    from nexus_agent.cli import main
+
+    out, dump = tmp_path / "decide.json", tmp_path / "dump.json"
+    assert main(["eval", "decide", "--tools", str(routing_data / "tools.jsonl"), "--queries",
+                 str(routing_data / "queries.jsonl"), "--irrelevant", str(routing_data / "queries_irrelevant.jsonl"),
+                 "--sizes", "10", "--model", "smollm2", "--ks", "3", "--relevant", "2", "--n-irrelevant", "1",
+                 "--n-chat", "2", "--timed", "1", "--n-ctx", "4096", "--dump", str(dump), "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["items"] == {"relevant": 2, "irrelevant": 1, "chat": 2}
+    variants = r["sizes"]["10"]["smollm2"]
+    assert {"router", "top3", "nexus"} <= set(variants)
+    for v in ("router", "top3", "nexus"):
+        m = variants[v]
+        for key in ("decision_acc", "tool_acc", "irrelevant_no_call", "chat_no_call", "relevant_no_call",
+                    "recall_at_k", "decide_ms_p50", "prompt_tokens_p50"):
+            assert key in m
+        assert 0.0 <= m["decision_acc"] <= 1.0 and m["n"] == 5
+    assert variants["nexus"]["source"] == "router"  # SmolLM2's template has no tools section: the router decides
+    assert variants["nexus"]["call_ms_p50"] > 0 and variants["top3"]["prompt_tokens_p50"] > 0
+    assert r["profiles"]["smollm2"]["mode"] == "router"
+    measured = json.loads(dump.read_text())["smollm2"]["10"]["top3"]
+    assert len(measured) == 5 and all(0.0 <= m["p_call"] <= 1.0 for _, m in measured)
+    assert (tmp_path / "decide.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| tools | model | variant |" in capsys.readouterr().out
+
+
+def _measured(kind: str, p_call: float, lps: dict, gold=None) -> tuple[dict, dict]:
+    cands = list(lps)
+    return ({"kind": kind, "gold": gold, "key": f"{kind}{p_call}{gold}{cands}"},
+            {"p_call": p_call, "lps": lps, "cands": cands, "scores": [0.5] * len(cands), "top1": 0.5, "margin": 0.1})
+
+
+def test_fit_separates_calls_from_text_and_counters_the_first_listed_bias():
+    """The model always prefers the first tool listed; the gold one is second half of the time: the fitted rank
+    offset must move those to the second, and the threshold must keep every relevant request a call."""
+    rows = []
+    for i in range(20):
+        gold = "b" if i % 2 else "a"
+        lps = {"a": -0.5, "b": -1.0} if gold == "b" else {"a": -0.2, "b": -3.0}
+        rows.append(_measured("relevant", 0.6 + 0.01 * i, lps, gold))
+        rows.append(_measured("chat", 0.05 + 0.01 * i, {"a": -0.1, "b": -2.0}))
+    prof = fit(rows, router_acc=0.0, max_lost=0.0, k=2, fit_all=10)
+    assert prof.mode == "model" and prof.rank_bias[1] > 0.5
+    assert all(apply(prof, m) == it["gold"] for it, m in rows)
+    assert fit(rows, router_acc=1.01, max_lost=0.0, k=2, fit_all=10).mode == "router"  # below the router: router
+
+
+def test_items_are_a_seeded_sample_of_each_kind(routing_data):
+    from evals.decide import DEFAULT_CHAT
+
+    class A:
+        queries, irrelevant = str(routing_data / "queries.jsonl"), str(routing_data / "queries_irrelevant.jsonl")
+        chat, relevant, n_irrelevant, n_chat, seed = DEFAULT_CHAT, 3, 2, 4, 7
+
+    names = [json.loads(line)["name"] for line in (routing_data / "tools.jsonl").read_text().splitlines()]
+    one, two = items(A, names), items(A, names)
+    assert one == two and [i["kind"] for i in one] == ["relevant"] * 3 + ["irrelevant"] * 2 + ["chat"] * 4
+    assert all(i["gold"] in names for i in one[:3])
+
+
+def test_a_bad_profile_file_is_named(nexus_home):
+    from nexus_agent.turn.profile import load_decide_profile, profile_file
+
+    path = profile_file("f" * 32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"decide": {"mode": "oracle"}}')
+    with pytest.raises(ValueError, match="unknown decide mode 'oracle'"):
+        load_decide_profile("f" * 32, True)
+    assert load_decide_profile("e" * 32, True) == DecideProfile(mode="model")
+    assert load_decide_profile("e" * 32, False).mode == "router"

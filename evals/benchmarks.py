@@ -16,7 +16,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from evals import agent, arguments, backends, eviction, eviction_report, routing, scan, serve, splice
+from evals import agent, arguments, backends, decide, eviction, eviction_report, routing, scan, serve, splice
 from evals.render import Figure
 
 SIZES = ("full", "quick", "tiny")
@@ -140,6 +140,24 @@ BENCHMARKS: list[Benchmark] = [
                     "--requests", "2"),
         tiny_plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10",
                    "--requests", "1", "--no-peer", "--clients", "2", "--throughput-requests", "1")),
+    Benchmark(
+        name="decide", title="Deciding: the router alone vs the model among the top k",
+        blurb="Relevant requests, prompts no tool fits and conversational turns (evals/data/chat_turns.jsonl), "
+              "each with a registry of N tools, through the `nexus serve` engine in process. `router`: the "
+              "router decides alone (before this eval's issue); `topK`: the model decides among the router's top "
+              "K shown in its template's tools section, neutral setting; `nexus`: the calibrated per-model "
+              "setting `nexus serve` ships (2-fold cross-fitted). decision: right tool when one is wanted, no call "
+              "otherwise.",
+        add_arguments=decide.add_arguments, run=decide.run, table=decide.table, figures=decide.FIGURES,
+        plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--irrelevant",
+              "{data}/queries_irrelevant.jsonl", "--sizes", "10,250,1000", "--model", "qwen2.5-coder-0.5b,smollm2",
+              "--ks", "3,5", "--calibrate"),
+        quick_plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--irrelevant",
+                    "{data}/queries_irrelevant.jsonl", "--sizes", "250", "--model", "qwen2.5-coder-0.5b",
+                    "--ks", "5", "--relevant", "20", "--n-irrelevant", "10", "--n-chat", "20"),
+        tiny_plan=("--tools", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--irrelevant",
+                   "{data}/queries_irrelevant.jsonl", "--sizes", "10", "--model", "smollm2", "--ks", "3",
+                   "--relevant", "2", "--n-irrelevant", "1", "--n-chat", "2", "--timed", "1", "--n-ctx", "4096")),
 ]
 
 

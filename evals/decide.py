@@ -1,0 +1,455 @@
+"""Who decides whether to call a tool and which: the router alone, or the model among the router's top k.
+
+Items: relevant requests (`--queries`, each with its gold tool), prompts no tool fits (`--irrelevant`) and
+conversational turns that need no tool (`--chat`, evals/data/chat_turns.jsonl). For every item and size N the
+registry is the gold tool (if any) plus N-1 distractors drawn from `--tools` with a seeded RNG, sent as a
+chat request's tools to the `nexus serve` engine in process (`nexus_agent.serve_engine.Engine`).
+
+Variants, per model and size:
+- `router`: today's router alone (the engine's router-only plan: gate, floor, fused order);
+- `top{k}`: the model decides among the router's top k, shown as its template shows tools (schema text);
+- `all`: every tool in the prompt, as llama.cpp's and mlx-lm's servers serve tools (a prompt over the
+  context, `--n-ctx`, is a failure: no decision);
+- `nexus`: what `nexus serve` ships for the model: its decide profile (`nexus_agent.turn.profile`) applied.
+
+One model pass per item and variant measures everything a profile needs: the model's probability of starting a
+call, and the log-probability of every candidate's name after the call opener. The call/text rule and the
+name fusion are then applied to those numbers; with `--calibrate` they are fitted (logistic weights, the
+threshold that loses at most `--max-lost` of relevant requests, the router weight on names, and model vs
+router mode) and the `nexus` variant is scored 2-fold cross-fitted (each half with the setting fitted on the
+other, split by a hash of the item); the setting fitted on all items is saved as the model's profile.
+call_ms: time to the complete call (arguments included) through the engine, on the first `--timed` relevant
+items of each size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from evals.render import Figure, log_ticks, md_table, pct, pyplot, save_plot
+
+DEFAULT_CHAT = str(Path(__file__).with_name("data") / "chat_turns.jsonl")
+KINDS = ("relevant", "irrelevant", "chat")
+FIT_ALL = 10  # a registry this small is shown whole
+BETAS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+RANK_OFFSETS = (-2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 6.0)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tools", required=True, metavar="FILE", help="catalogue: MCP tool objects, JSONL")
+    p.add_argument("--queries", required=True, metavar="FILE", help='relevant requests {"query", "gold_tool"}, JSONL')
+    p.add_argument("--irrelevant", default=None, metavar="FILE", help="prompts no tool fits, JSONL {query}")
+    p.add_argument("--chat", default=DEFAULT_CHAT, metavar="FILE",
+                   help="conversational turns that need no tool, JSONL {messages}")
+    p.add_argument("--sizes", default="10,250,1000")
+    p.add_argument("--model", default="qwen2.5-coder-0.5b",
+                   help="comma-separated packaged names or GGUF paths (e.g. qwen2.5-coder-0.5b,smollm2)")
+    p.add_argument("--ks", default="3,5,8", help="candidates shown to the model (top-k variants)")
+    p.add_argument("--all-tools", action="store_true", help="also the variant with every tool in the prompt")
+    p.add_argument("--splice", action="store_true",
+                   help="also each top-k with the candidates spliced from KV blocks (fidelity and prefill speed-up)")
+    p.add_argument("--relevant", type=int, default=60, help="relevant requests scored per size")
+    p.add_argument("--n-irrelevant", type=int, default=30, help="irrelevant prompts scored per size")
+    p.add_argument("--n-chat", type=int, default=60, help="conversational turns scored per size")
+    p.add_argument("--timed", type=int, default=5, help="relevant items timed to the complete call per size")
+    p.add_argument("--calibrate", action="store_true",
+                   help="fit the decide profile (cross-fitted scores) and save it in the Nexus home")
+    p.add_argument("--calibrate-k", type=int, default=5, help="the k the fitted profile shows the model")
+    p.add_argument("--max-lost", type=float, default=0.02, help="relevant requests the fitted rule may answer in text")
+    p.add_argument("--n-ctx", type=int, default=32768, help="the engine's context (the all-tools variant needs it)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", default=None, help="PNG path (default: next to --json)")
+    p.add_argument("--dump", default=None, metavar="FILE",
+                   help="write every item's measurements (JSON) to refit a profile without the model")
+
+
+def _jsonl(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _half(text: str) -> int:
+    return hashlib.sha256(text.encode()).digest()[0] & 1
+
+
+def items(args, names: list[str]) -> list[dict]:
+    """The scored items: {kind, messages, gold (relevant only), key}, a seeded sample of each kind."""
+    import numpy as np
+
+    rng = np.random.default_rng(args.seed)
+    pos = set(names)
+    rel = [q for q in _jsonl(args.queries) if q.get("gold_tool") in pos]
+    irr = _jsonl(args.irrelevant) if args.irrelevant else []
+    chat = _jsonl(args.chat) if args.chat else []
+
+    def pick(rows, n):
+        return [rows[i] for i in sorted(rng.choice(len(rows), min(n, len(rows)), replace=False))] if rows else []
+
+    out = [{"kind": "relevant", "gold": q["gold_tool"], "messages": [{"role": "user", "content": q["query"]}]}
+           for q in pick(rel, args.relevant)]
+    out += [{"kind": "irrelevant", "gold": None, "messages": [{"role": "user", "content": q["query"]}]}
+            for q in pick(irr, args.n_irrelevant)]
+    out += [{"kind": "chat", "gold": None, "messages": c["messages"]} for c in pick(chat, args.n_chat)]
+    for it in out:
+        it["key"] = json.dumps(it["messages"], ensure_ascii=False)
+    return out
+
+
+def registry(rng_seed: int, catalogue: list, gold: str | None, size: int) -> list:
+    """The item's tools: its gold tool (if any) at a seeded position among size-1 seeded distractors."""
+    import numpy as np
+
+    rng = np.random.default_rng(rng_seed)
+    names = [t.name for t in catalogue]
+    g = names.index(gold) if gold is not None else None
+    pool = [i for i in rng.permutation(len(catalogue))[: size + 1] if i != g][: size - (g is not None)]
+    if g is not None:
+        pool.insert(int(rng.integers(0, len(pool) + 1)), g)
+    return [catalogue[i] for i in pool]
+
+
+def measure(engine, req, k: int, fit_all: int, blocks=None) -> dict:
+    """One model pass: p_call, every candidate's name log-probability, the router's evidence, timings.
+
+    Every pass starts from a context holding the prompt's head (system text and tools preamble, which any
+    earlier request leaves cached), so text and spliced variants pay for the same tokens. `blocks`: a
+    `ToolBlocks` to splice the candidates from (their blocks compiled first, after the head, in a scratch
+    session: `nexus compile`'s canonical place, never this prompt's own context)."""
+    from nexus_agent.openai_api import template_messages
+    from nexus_agent.turn.decide import top_k
+    from nexus_agent.turn.profile import DecideProfile
+    from nexus_agent.turn.retrieval import retrieve
+
+    engine.decider.profile = DecideProfile(mode="model", k=k, fit_all=fit_all, bias=1e6)  # always reach names
+    engine.decider.blocks = blocks
+    by_name = {t.name: t for t in req.tools}
+    cands = top_k(retrieve(engine.router_for(req.tools), req.messages), by_name, engine.decider.profile,
+                  len(req.tools))
+    ids, spans = engine.decider.prompt(template_messages(req.messages), cands)
+    head = spans[0][0] if spans else 0
+    for live in engine.contexts:  # keep only the shared head cached
+        n = min(head, len(live.ids))
+        live.session.remove(n, live.session.n_past)
+        live.ids = live.ids[:n]
+    if blocks is not None and spans:
+        blocks.compile(ids[:head], [ids[a:b] for a, b in spans])
+    t0 = time.perf_counter()
+    d = engine.decide(req, arguments=lambda tool, live, at, logits: (None, "not decoded", "")).decision
+    return {"p_call": d.p_call, "lps": d.name_logprobs, "cands": d.candidates, "scores": d.scores,
+            "top1": d.top1, "margin": d.margin, "prompt_tokens": d.prompt_tokens, "decide_ms": d.decide_ms,
+            "prefill_ms": d.prefill_ms, "spliced": d.spliced, "ms": (time.perf_counter() - t0) * 1e3}
+
+
+def apply(profile, m: dict) -> str | None:
+    """The decision `profile` makes on a measured item: a tool name, or None for a text answer."""
+    if m is None or not m["cands"]:
+        return None
+    if profile.call_score(m["p_call"], m["top1"], m["margin"]) <= 0:
+        return None
+    ranked = [(profile.name_score(m["lps"].get(c, -1e9), sc, r), c) for r, (c, sc) in enumerate(zip(m["cands"],
+                                                                                                   m["scores"]))]
+    return max(ranked)[1]
+
+
+def score(rows: list[dict]) -> dict:
+    """Metrics of rows {kind, gold, pick, recall?, decide_ms?, call_ms?, prompt_tokens?}."""
+    import numpy as np
+
+    def share(sel, ok):
+        sel = [r for r in rows if sel(r)]
+        return float(np.mean([ok(r) for r in sel])) if sel else None
+
+    def p50(key):
+        v = [r[key] for r in rows if r.get(key) is not None]
+        return float(np.median(v)) if v else None
+
+    right = lambda r: r["pick"] == r["gold"]  # noqa: E731  (None == None: no call where none is wanted)
+    rel = lambda r: r["kind"] == "relevant"  # noqa: E731
+    return {"decision_acc": share(lambda r: True, right), "tool_acc": share(rel, right),
+            "irrelevant_no_call": share(lambda r: r["kind"] == "irrelevant", lambda r: r["pick"] is None),
+            "chat_no_call": share(lambda r: r["kind"] == "chat", lambda r: r["pick"] is None),
+            "relevant_no_call": share(rel, lambda r: r["pick"] is None),
+            "recall_at_k": share(rel, lambda r: r.get("recall", False)),
+            "failed": sum(1 for r in rows if r.get("failed")),
+            "decide_ms_p50": p50("decide_ms"), "prefill_ms_p50": p50("prefill_ms"), "call_ms_p50": p50("call_ms"),
+            "prompt_tokens_p50": p50("prompt_tokens"), "n": len(rows)}
+
+
+def fit(measured: list[tuple[dict, dict]], router_acc: float, max_lost: float, k: int, fit_all: int):
+    """The decide profile fitted on (item, measurement) pairs: logistic weights on (logit p_call, top-1, margin)
+    with balanced classes, the bias moved so at most `max_lost` of relevant items answer in text, the name
+    weight with the best tool accuracy, and mode "router" when the model's decisions score below `router_acc`."""
+    import numpy as np
+
+    from nexus_agent.turn.profile import DecideProfile
+
+    ok = [(it, m) for it, m in measured if m is not None]
+    x = np.array([[_logit(m["p_call"]), m["top1"], m["margin"]] for _, m in ok])
+    y = np.array([it["kind"] == "relevant" for it, _ in ok], dtype=float)
+    w = _logistic(x, y)
+    z = x @ w[1:]
+    rel = np.sort(z[y == 1])
+    cut = rel[int(math.floor(max_lost * len(rel)))] if len(rel) else 0.0
+    bias = -(cut - 1e-6)
+    beta, ranks = _fit_names([(it, m) for it, m in ok if it["kind"] == "relevant"], k)
+    prof = DecideProfile(mode="model", k=k, fit_all=fit_all, bias=float(bias), w_model=float(w[1]),
+                         w_top1=float(w[2]), w_margin=float(w[3]), name_weight=beta, rank_bias=ranks,
+                         source=f"calibrated by nexus eval decide on {len(ok)} items")
+    acc = np.mean([apply(prof, m) == it["gold"] for it, m in ok]) if ok else 0.0
+    if acc < router_acc:
+        prof = replace(prof, mode="router")
+    prof.metrics = {"decision_acc": float(acc), "router_decision_acc": float(router_acc)}
+    return prof
+
+
+def _fit_names(rel: list, k: int, passes: int = 2) -> tuple[float, list[float]]:
+    """The router weight on names and the offsets by rank with the best tool accuracy on relevant items
+    (coordinate ascent over small grids; ties keep the smaller value)."""
+    from nexus_agent.turn.profile import DecideProfile
+
+    def acc(beta, ranks):
+        p = DecideProfile(k=k, bias=1e6, name_weight=beta, rank_bias=ranks)
+        return sum(apply(p, m) == it["gold"] for it, m in rel)
+
+    beta, ranks = 0.0, [0.0] * k
+    for _ in range(passes):
+        beta = max(BETAS, key=lambda b: (acc(b, ranks), -b))
+        for r in range(1, k):
+            ranks[r] = max(RANK_OFFSETS, key=lambda o: (acc(beta, ranks[:r] + [o] + ranks[r + 1:]), -abs(o)))
+    return float(beta), [float(o) for o in ranks]
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-9), 1 - 1e-9)
+    return math.log(p / (1 - p))
+
+
+def _logistic(x, y, steps: int = 200, l2: float = 1e-2):
+    """Weights [b, w...] of a class-balanced L2 logistic regression (Newton's method)."""
+    import numpy as np
+
+    mu, sd = x.mean(0), x.std(0) + 1e-9
+    xs = np.c_[np.ones(len(x)), (x - mu) / sd]
+    cw = np.where(y == 1, 0.5 / max(y.mean(), 1e-9), 0.5 / max(1 - y.mean(), 1e-9))
+    w = np.zeros(xs.shape[1])
+    for _ in range(steps):
+        p = 1 / (1 + np.exp(-xs @ w))
+        g = xs.T @ (cw * (p - y)) + l2 * w
+        h = (xs * (cw * p * (1 - p))[:, None]).T @ xs + l2 * np.eye(len(w))
+        step = np.linalg.solve(h, g)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    ws = w[1:] / sd  # back to raw features
+    return np.r_[w[0] - (ws * mu).sum(), ws]
+
+
+def run(args: argparse.Namespace) -> dict:
+    for f in (args.tools, args.queries, args.irrelevant, args.chat):
+        if f and not Path(f).is_file():
+            raise SystemExit(f"nexus eval decide: {f}: no such file")
+    from nexus_agent.openai_api import ChatRequest
+    from nexus_agent.serve_engine import Engine, EngineConfig
+    from nexus_agent.turn.blocks import ToolBlocks
+    from nexus_agent.turn.profile import load_decide_profile, save_decide_profile
+    from registry.model import Tool
+
+    catalogue = [Tool.from_mcp(t) for t in _jsonl(args.tools)]
+    sizes = [int(s) for s in args.sizes.split(",")]
+    ks = [int(k) for k in args.ks.split(",") if k]
+    scored = items(args, [t.name for t in catalogue])
+    out: dict = {"sizes": {}, "profiles": {}, "items": {k: sum(i["kind"] == k for i in scored) for k in KINDS}}
+    dumped: dict = {}
+    for model in args.model.split(","):
+        engine = Engine(EngineConfig(model=model, n_ctx=args.n_ctx))
+        can = engine.backend.capabilities.can_splice and engine.decider.fmt.template_tools
+        blocks = ToolBlocks(engine.backend) if args.splice and can else None
+        shipped_blocks = engine.decider.blocks
+        shipped = load_decide_profile(engine.backend.info.fingerprint, engine.decider.fmt.template_tools)
+        name = engine.model_id
+        per_size: dict[int, dict] = {}
+        for size in sizes:
+            rows: dict[str, list] = {"router": []}
+            meas: dict[str, list] = {}
+            for j, it in enumerate(scored):
+                tools = registry(args.seed * 100003 + j * 7 + size, catalogue, it["gold"], size)
+                req = ChatRequest(model=name, messages=it["messages"], tools=tools)
+                t0 = time.perf_counter()
+                plan = engine.plan(req)
+                route_ms = (time.perf_counter() - t0) * 1e3
+                rows["router"].append({**it, "pick": plan[0][0].name if plan else None, "decide_ms": route_ms,
+                                       "recall": bool(plan) and plan[0][0].name == it["gold"], "prompt_tokens": 0})
+                variants = [(f"top{k}", k, 0, None) for k in ks if k < size]
+                if blocks is not None:
+                    variants += [(f"top{k}-splice", k, 0, blocks) for k in ks if k < size]
+                if args.all_tools:
+                    variants.append(("all", size, size, None))
+                for vname, k, fit_all, bl in variants:
+                    try:
+                        m = measure(engine, req, k, fit_all, bl)
+                    except Exception as e:  # an overflowing prompt is the variant's failure, not the eval's
+                        if "context" not in str(e):
+                            raise
+                        m = None
+                    meas.setdefault(vname, []).append((it, m))
+                print(f"[decide] {name} N={size} item {j + 1}/{len(scored)}", flush=True)
+            res = {"router": score(rows["router"])}
+            neutral = replace(shipped, mode="model", bias=0.0, w_model=1.0, w_top1=0.0, w_margin=0.0,
+                              name_weight=0.0)
+            for vname, pairs in meas.items():
+                res[vname] = score([_row(it, m, neutral) for it, m in pairs])
+                text = meas.get(vname.removesuffix("-splice"))
+                if vname.endswith("-splice") and text:
+                    res[vname].update(_fidelity(pairs, text, neutral))
+            per_size[size] = {"res": res, "meas": meas}
+            out["sizes"].setdefault(str(size), {})[name] = res
+        if args.dump:
+            dumped[name] = {str(s): {v: [[it, m] for it, m in pairs] for v, pairs in per_size[s]["meas"].items()}
+                            for s in sizes}
+        profile = shipped
+        if args.calibrate:
+            profile = _calibrate(args, per_size, out, name)
+            path = save_decide_profile(engine.backend.info.fingerprint, profile)
+            print(f"[decide] {name}: profile ({profile.mode}) saved to {path}")
+        out["profiles"][name] = {k: v for k, v in vars(profile).items()}
+        for size in sizes:
+            res = out["sizes"][str(size)][name]
+            key = "all" if size <= profile.fit_all and "all" in per_size[size]["meas"] else f"top{profile.k}"
+            if profile.mode == "router" or key not in per_size[size]["meas"]:
+                res["nexus"] = dict(res["router"], source="router")
+            elif "nexus" not in res:
+                res["nexus"] = score([_row(it, m, profile) for it, m in per_size[size]["meas"][key]])
+        engine.decider.blocks = shipped_blocks
+        _time_calls(engine, profile, scored, sizes, catalogue, args, out, name)
+        engine.close()
+    if args.dump:
+        Path(args.dump).write_text(json.dumps(dumped))
+    plot = args.plot or (str(Path(args.json_out).with_suffix(".png")) if getattr(args, "json_out", None) else None)
+    if plot and save_plot(FIGURES, out, plot):
+        out["plot"] = plot
+    print(table(out))
+    return out
+
+
+def _row(it: dict, m: dict | None, profile) -> dict:
+    if m is None:
+        return {**it, "pick": None, "failed": True}
+    return {**it, "pick": apply(profile, m), "recall": it["gold"] in m["cands"], "decide_ms": m["decide_ms"],
+            "prefill_ms": m["prefill_ms"], "prompt_tokens": m["prompt_tokens"]}
+
+
+def _fidelity(spliced: list, text: list, profile) -> dict:
+    """The spliced variant against the same candidates prefilled as text: the share of items decided the same
+    (call or not, and which), and the prefill speed-up (median text prefill / median spliced prefill)."""
+    import numpy as np
+
+    same = [apply(profile, a) == apply(profile, b) for (_, a), (_, b) in zip(spliced, text) if a and b]
+    pf = [m["prefill_ms"] for _, m in spliced if m]
+    pt = [m["prefill_ms"] for _, m in text if m]
+    return {"same_as_text": float(np.mean(same)) if same else None,
+            "prefill_speedup": float(np.median(pt) / np.median(pf)) if pf and pt else None}
+
+
+def _calibrate(args, per_size: dict, out: dict, name: str):
+    """Fit the profile on every size's top-k measurements (cross-fitted `nexus` scores per size), return the
+    profile fitted on all of them."""
+    k = args.calibrate_k
+    key = f"top{k}"
+    pooled = [(it, m) for s in per_size.values() for it, m in s["meas"].get(key, [])]
+    if not pooled:
+        raise SystemExit(f"nexus eval decide --calibrate: no {key} measurements (add {k} to --ks)")
+    router_acc = _router_acc(per_size)
+    for size, s in per_size.items():
+        if key not in s["meas"]:
+            continue
+        rows = []
+        for half in (0, 1):
+            train = [(it, m) for it, m in pooled if _half(it["key"]) != half]
+            prof = fit(train, router_acc, args.max_lost, k, FIT_ALL)
+            rows += [_row(it, m, prof) if prof.mode == "model" else None
+                     for it, m in s["meas"][key] if _half(it["key"]) == half]
+        if all(r is not None for r in rows):
+            out["sizes"][str(size)][name]["nexus"] = score(rows)
+    return fit(pooled, router_acc, args.max_lost, k, FIT_ALL)
+
+
+def _router_acc(per_size: dict) -> float:
+    accs = [s["res"]["router"]["decision_acc"] for s in per_size.values()]
+    return float(sum(accs) / len(accs)) if accs else 0.0
+
+
+def _time_calls(engine, profile, scored, sizes, catalogue, args, out, name) -> None:
+    """call_ms_p50 of the shipped decision (`nexus`) and of the router through the engine's whole request path."""
+    from nexus_agent.openai_api import ChatRequest
+
+    rel = [(j, it) for j, it in enumerate(scored) if it["kind"] == "relevant"][: args.timed]
+    for size in sizes:
+        for variant, prof in (("nexus", profile), ("router", replace(profile, mode="router"))):
+            engine.decider.profile = prof
+            times = []
+            for j, it in rel:
+                tools = registry(args.seed * 100003 + j * 7 + size, catalogue, it["gold"], size)
+                req = ChatRequest(model=name, messages=it["messages"], tools=tools)
+                t0 = time.perf_counter()
+                engine.run(req, lambda ev: None, lambda: False)
+                times.append((time.perf_counter() - t0) * 1e3)
+            if times:
+                import numpy as np
+
+                out["sizes"][str(size)][name][variant]["call_ms_p50"] = float(np.median(times))
+    engine.decider.profile = profile
+
+
+COLUMNS = (("decision", "decision_acc"), ("tool", "tool_acc"), ("irrel->none", "irrelevant_no_call"),
+           ("chat->none", "chat_no_call"), ("rel->none", "relevant_no_call"), ("recall@k", "recall_at_k"))
+
+
+def table(r: dict) -> str:
+    rows = []
+    for size, models in r["sizes"].items():
+        for model, variants in models.items():
+            for v, m in variants.items():
+                rows.append([size, model, v, *[pct(m.get(key)) if m.get(key) is not None else "–"
+                                                for _, key in COLUMNS],
+                             _ms(m.get("prefill_ms_p50")), _ms(m.get("decide_ms_p50")), _ms(m.get("call_ms_p50")),
+                             "–" if m.get("prompt_tokens_p50") is None else f"{m['prompt_tokens_p50']:.0f}",
+                             pct(m["same_as_text"]) if m.get("same_as_text") is not None else "–",
+                             str(m.get("failed", 0))])
+    head = ["tools", "model", "variant", *[c for c, _ in COLUMNS], "prefill ms", "decide ms", "call ms",
+            "prompt tok", "same as text", "failed"]
+    return md_table(head, rows)
+
+
+def _ms(v) -> str:
+    return "–" if v is None else f"{v:.0f}"
+
+
+def accuracy_figure(r: dict):
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    sizes = sorted(int(s) for s in r["sizes"])
+    series: dict[tuple[str, str], list] = {}
+    for s in sizes:
+        for model, variants in r["sizes"][str(s)].items():
+            for v, m in variants.items():
+                series.setdefault((model, v), []).append((s, m.get("decision_acc")))
+    for (model, v), pts in sorted(series.items()):
+        pts = [(s, a) for s, a in pts if a is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{model} {v}")
+    log_ticks(ax, sizes)
+    ax.set_xlabel("tools in the registry")
+    ax.set_ylabel("decision accuracy")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    ax.set_title("Right tool when one is wanted, no call otherwise")
+    return fig
+
+
+FIGURES = (Figure("decide.png", accuracy_figure),)

@@ -37,8 +37,8 @@ from evals.render import Figure, log_ticks, md_table, pct, pyplot, save_plot
 DEFAULT_CHAT = str(Path(__file__).with_name("data") / "chat_turns.jsonl")
 KINDS = ("relevant", "irrelevant", "chat")
 FIT_ALL = 10  # a registry this small is shown whole
-BETAS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
-RANK_OFFSETS = (-2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 6.0)
+BETAS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+RANK_OFFSETS = (-8.0, -6.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 6.0)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, help="PNG path (default: next to --json)")
     p.add_argument("--dump", default=None, metavar="FILE",
                    help="write every item's measurements (JSON) to refit a profile without the model")
+    p.add_argument("--refit", default=None, metavar="DUMP",
+                   help="calibrate again from a --dump of a run whose JSON is at --json (no model pass)")
 
 
 def _jsonl(path: str) -> list[dict]:
@@ -250,7 +252,31 @@ def _logistic(x, y, steps: int = 200, l2: float = 1e-2):
     return np.r_[w[0] - (ws * mu).sum(), ws]
 
 
+def refit(args: argparse.Namespace) -> dict:
+    """`--refit DUMP`: the calibration again from a run's measurements, without the model. The run's JSON (at
+    --json) gives the router's metrics and the models' fingerprints; its `nexus` rows and profiles are rewritten
+    and each profile is saved in the Nexus home."""
+    from nexus_agent.turn.profile import save_decide_profile
+
+    if not getattr(args, "json_out", None) or not Path(args.json_out).is_file():
+        raise SystemExit("nexus eval decide --refit DUMP needs --json OUT: the JSON the measured run wrote")
+    out = json.loads(Path(args.json_out).read_text())
+    for name, sizes in json.loads(Path(args.refit).read_text()).items():
+        per_size = {int(s): {"meas": {v: [tuple(p) for p in pairs] for v, pairs in vs.items()},
+                             "res": out["sizes"][s][name]} for s, vs in sizes.items()}
+        profile = _calibrate(args, per_size, out, name)
+        save_decide_profile(out["models"][name]["fingerprint"], profile)
+        out["profiles"][name] = dict(vars(profile))
+        for s in sizes:
+            if profile.mode == "router":
+                out["sizes"][s][name]["nexus"] = dict(out["sizes"][s][name]["router"], source="router")
+    print(table(out))
+    return out
+
+
 def run(args: argparse.Namespace) -> dict:
+    if args.refit:
+        return refit(args)
     for f in (args.tools, args.queries, args.irrelevant, args.chat):
         if f and not Path(f).is_file():
             raise SystemExit(f"nexus eval decide: {f}: no such file")
@@ -273,6 +299,8 @@ def run(args: argparse.Namespace) -> dict:
         shipped_blocks = engine.decider.blocks
         shipped = load_decide_profile(engine.backend.info.fingerprint, engine.decider.fmt.template_tools)
         name = engine.model_id
+        out.setdefault("models", {})[name] = {"fingerprint": engine.backend.info.fingerprint,
+                                              "template_tools": engine.decider.fmt.template_tools}
         per_size: dict[int, dict] = {}
         for size in sizes:
             rows: dict[str, list] = {"router": []}
@@ -375,7 +403,8 @@ def _calibrate(args, per_size: dict, out: dict, name: str):
             rows += [_row(it, m, prof) if prof.mode == "model" else None
                      for it, m in s["meas"][key] if _half(it["key"]) == half]
         if all(r is not None for r in rows):
-            out["sizes"][str(size)][name]["nexus"] = score(rows)
+            timed = out["sizes"][str(size)][name].get("nexus", {}).get("call_ms_p50")  # kept by a refit
+            out["sizes"][str(size)][name]["nexus"] = dict(score(rows), call_ms_p50=timed)
     return fit(pooled, router_acc, args.max_lost, k, FIT_ALL)
 
 
@@ -431,9 +460,12 @@ def _ms(v) -> str:
 
 
 def accuracy_figure(r: dict):
+    """Decision accuracy vs registry size per model and variant; with one size, every metric as bars."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     sizes = sorted(int(s) for s in r["sizes"])
+    if len(sizes) == 1:
+        return _bars(fig, ax, r, sizes[0])
     series: dict[tuple[str, str], list] = {}
     for s in sizes:
         for model, variants in r["sizes"][str(s)].items():
@@ -449,6 +481,23 @@ def accuracy_figure(r: dict):
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7)
     ax.set_title("Right tool when one is wanted, no call otherwise")
+    return fig
+
+
+def _bars(fig, ax, r: dict, size: int):
+    import numpy as np
+
+    series = [(f"{model} {v}", m) for model, variants in r["sizes"][str(size)].items()
+              for v, m in sorted(variants.items())]
+    x = np.arange(len(COLUMNS))
+    width = 0.8 / max(len(series), 1)
+    for i, (label, m) in enumerate(series):
+        ax.bar(x + i * width - 0.4 + width / 2, [m.get(key) or 0.0 for _, key in COLUMNS], width, label=label)
+    ax.set_xticks(x, [c for c, _ in COLUMNS])
+    ax.set_ylabel("share of items")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    ax.set_title(f"Deciding among {size} tools (rel->none: lower is better)")
     return fig
 
 

@@ -115,17 +115,21 @@ def check_json_schema(tool: str, field: str, schema: Any, limits: ToolLimits = L
         )
 
 
-def arguments_error(tool: str, schema: dict, arguments: Any) -> str | None:
-    """A one-line message naming the first (best-matching) way `arguments` break the tool's input schema, e.g.
+def arguments_error(tool: str, schema: dict, arguments: Any, most: int = 3) -> str | None:
+    """A one-line message naming the ways `arguments` break the tool's input schema, the best-matching first
+    (at most `most`, so a caller fixes them in one go: an unexpected key and the required one it stood for), e.g.
     "invalid arguments for add: $.arguments.a: 'x' is not of type 'number'"; None when they are valid."""
     from jsonschema import validators
-    from jsonschema.exceptions import best_match
+    from jsonschema.exceptions import best_match, relevance
 
     cls = validators.validator_for(schema, default=validators.Draft202012Validator)
-    error = best_match(cls(schema).iter_errors(arguments))
-    if error is None:
+    errors = list(cls(schema).iter_errors(arguments))
+    if not errors:
         return None
-    return f"invalid arguments for {tool}: {json_path(['arguments', *error.absolute_path])}: {error.message}"
+    first = best_match(errors)
+    rest = sorted((e for e in errors if e is not first), key=relevance)[: most - 1]
+    said = "; ".join(f"{json_path(['arguments', *e.absolute_path])}: {e.message}" for e in [first, *rest])
+    return f"invalid arguments for {tool}: {said}"
 
 
 def check_name(name: Any) -> None:

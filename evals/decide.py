@@ -357,7 +357,9 @@ def run(args: argparse.Namespace) -> dict:
         _time_calls(engine, profile, scored, sizes, catalogue, args, out, name)
         engine.close()
     if args.dump:
-        Path(args.dump).write_text(json.dumps(dumped))
+        from registry.atomic import write_atomic
+
+        write_atomic(args.dump, json.dumps(dumped))
     plot = args.plot or (str(Path(args.json_out).with_suffix(".png")) if getattr(args, "json_out", None) else None)
     if plot and save_plot(FIGURES, out, plot):
         out["plot"] = plot

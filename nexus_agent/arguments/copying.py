@@ -118,7 +118,7 @@ class CopyBias:
         self.decided = 0  # cursor.values of the last value ranked (or left to the model)
         self.boosted = 0  # steps at which some token was boosted
         self.ranked: list[dict] = []  # one entry per ranked value: the candidates and the pick (for the trace)
-        self.item: tuple[int, int, int] | None = None  # the span the last array item copied
+        self.item: tuple[int, int, int] | None = None  # the span the last string array item copied
         self.keys = KeyChoice(self.schema, self.cursor, self.request, self.texts, self.used, self.index,
                               self.close_obj, self.comma, bias)
 
@@ -294,7 +294,7 @@ class CopyBias:
             return
         score, toks, where = max(scored, key=lambda s: s[0])
         self.used.append(where)
-        self.item = where if self.cursor.path()[-1:] == ("[]",) else None
+        self.item = where if string and self.cursor.path()[-1:] == ("[]",) else None  # a string array's item
         self.plan = list(toks)
         self.close_after_plan = True
         top = sorted(scored, key=lambda s: -s[0])[:4]

@@ -2,9 +2,11 @@
 one OpenAI chat request at a time (the HTTP layer, `nexus_agent.server`, serialises requests onto one worker
 thread; nothing here is thread-safe on purpose).
 
-A request's `tools` are what Nexus routes over. Each tool's embedding is cached in an LRU keyed by its schema
-hash, and the Router over a tool list is cached by the list's hashes, so a repeated tool list costs neither
-an embedding nor an index build. The last user message is split into steps (`loop.split_steps`) and each step
+A request's `tools` are what Nexus routes over. Each tool's embedding is kept by its schema hash in memory and
+in the Nexus home's embedding store (`slb.embed_store`, shared with `nexus mcp` and the registry, so a restart
+embeds nothing it has seen; one stderr line per new tool list says how many were embedded), and the Router over
+a tool list is cached by the list's hashes, so a repeated tool list costs neither an embedding nor an index
+build. The last user message is split into steps (`loop.split_steps`) and each step
 routed (`slb.router.Router`, gate mode: "none" means no call; `tool_choice: "required"` takes the scan's top-1
 anyway; a named function skips routing). Arguments come from `Agent.arguments` (compressed signature prompt,
 llguidance schema grammar, copy bias from the request and earlier tool results, full-schema fallback). A reply
@@ -18,11 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
-
-import numpy as np
 
 from nexus_agent.openai_api import ApiError, ChatRequest, StopText, new_id, render_messages, result_text, tool_names
 from nexus_agent.openai_api import usage as usage_of
@@ -82,7 +84,8 @@ class Engine:
         from nexus_agent.memory import LiveContext
         from nexus_agent.trace import Trace
         from nexus_agent.turn.decide import decider_for
-        from slb.embedder import Embedder
+        from slb.embed_store import EmbeddingStore
+        from slb.embedder import Embedder, EmbedderConfig, batch_threads
 
         self.config = c = config or EngineConfig()
         self.backend = load_backend(c.backend, c.model)
@@ -90,10 +93,9 @@ class Engine:
             raise ValueError("nexus serve needs a local backend (llamacpp or mlx), not a text-only server")
         self.tok = self.backend.tokenizer
         self.model_id = model_name(c.model)
-        self.embedder = Embedder().load()
-        self.vectors: OrderedDict[str, np.ndarray] = OrderedDict()  # schema hash -> (D,) float32
+        self.embedder = Embedder(EmbedderConfig(memory_cache=c.embed_cache, threads=batch_threads()),
+                                 EmbeddingStore()).load()
         self.routers: OrderedDict[str, object] = OrderedDict()  # digest of a tool list's hashes -> Router
-        self.embedded = 0  # tools run through the embedder (cache misses)
         self._cancelled: Callable[[], bool] = lambda: False
         self.trace = Trace()
         # arguments from their own prompt (router-only plans, and the fallback of a decision's in-place ones)
@@ -121,25 +123,20 @@ class Engine:
         from slb.buffer import quantize_rows
         from slb.index import ScanIndex
         from slb.router import Router
-        from slb.tools import as_entry, tool_text
+        from slb.tools import as_entry
 
         entries = [as_entry(t) for t in tools]
         key = hashlib.sha256("\n".join(e.schema_hash for e in entries).encode()).hexdigest()
         if key in self.routers:
             self.routers.move_to_end(key)
             return self.routers[key]
-        missing = list({e.schema_hash: e for e in entries if e.schema_hash not in self.vectors}.values())
-        if missing:
-            fresh = self.embedder.embed_texts([tool_text(e, self.embedder.config.recipe) for e in missing])
-            self.embedded += len(missing)
-            self.vectors.update(zip((e.schema_hash for e in missing), fresh))
-        for e in entries:
-            self.vectors.move_to_end(e.schema_hash)
-        while len(self.vectors) > self.config.embed_cache:
-            self.vectors.popitem(last=False)
-        m8, scales = quantize_rows(np.stack([self.vectors[e.schema_hash] for e in entries]))
+        t0 = time.perf_counter()
+        vectors = self.embedder.embed_tools(entries)  # memory, then the home's embedding store, then the model
+        m8, scales = quantize_rows(vectors)
         router = Router(self.embedder, ScanIndex(m8, scales), entries, mode="gate")
         router.route(entries[0].name)
+        print(f"nexus serve: tool list of {self.embedder.last.line()}; routable in {time.perf_counter() - t0:.2f} s",
+              file=sys.stderr, flush=True)
         self.routers[key] = router
         if len(self.routers) > self.config.router_cache:
             self.routers.popitem(last=False)
@@ -325,8 +322,8 @@ class Engine:
 
     def stats(self) -> dict:
         return {"contexts": len(self.contexts), "context_tokens": [len(c.ids) for c in self.contexts],
-                "embedding_cache": len(self.vectors), "router_cache": len(self.routers),
-                "tools_embedded": self.embedded}
+                "embedding_cache": self.embedder.memory_vectors, "router_cache": len(self.routers),
+                "tools_embedded": self.embedder.tools_embedded, "tools_from_store": self.embedder.tools_from_store}
 
     def close(self) -> None:
         for live in self.contexts:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from slb.embed_store import EmbeddingStore
 from slb.tools import DEFAULT_RECIPE, TEXT_RECIPES, ToolEntry, tool_text
 
 PACKAGED_MODEL = "packaged:all-MiniLM-L6-v2"
@@ -50,18 +53,26 @@ QINT8_SUFFIX = "+qint8"  # model_id marker of a dynamically quantized embedder
 class EmbedderConfig:
     """model: `packaged:all-MiniLM-L6-v2` or a sentence-transformers folder; recipe: see slb.tools; quantize:
     run the transformer's Linear layers in dynamic INT8 (torch qint8: ~2x faster per query on one core, other
-    vectors than the float model, so tools and queries must use the same setting; it is part of model_id)."""
+    vectors than the float model, so tools and queries must use the same setting; it is part of model_id);
+    memory_cache: tool vectors kept in memory (least recently used dropped first); threads: torch threads while
+    embedding a batch (`nexus serve` and the registry build give `batch_threads()`: every core, or NEXUS_THREADS)."""
 
     model: str = PACKAGED_MODEL
     recipe: str = DEFAULT_RECIPE
     batch_size: int = 64
     quantize: bool = False
+    memory_cache: int = 100_000  # tool vectors kept in memory (LRU)
+    threads: int | None = None  # torch threads for a batch of texts (None: torch's setting; see batch_threads)
 
     def __post_init__(self) -> None:
         if self.recipe not in TEXT_RECIPES:
             raise ValueError(f"unknown tool text recipe {self.recipe!r}; choose one of {TEXT_RECIPES}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
+        if self.memory_cache < 1:
+            raise ValueError(f"memory_cache must be >= 1, got {self.memory_cache}")
 
 
 class Embedder:
@@ -70,12 +81,15 @@ class Embedder:
     `model_id` names model and tool-text recipe together: a buffer built with another id is rejected.
     """
 
-    def __init__(self, config: EmbedderConfig | None = None):
+    def __init__(self, config: EmbedderConfig | None = None, store: EmbeddingStore | None = None):
         self.config = config or EmbedderConfig()
         self._model_ref, self._path = resolve_model(self.config.model)
         self._model = None
-        self._cache: dict[str, np.ndarray] = {}  # schema_hash -> (D,) float32
-        self.tools_embedded = 0  # tools actually run through the model (cache misses)
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # schema_hash -> (D,) float32, LRU
+        self.store = store  # vectors on disk shared by processes (slb.embed_store); None: memory only
+        self.tools_embedded = 0  # tools actually run through the model (neither in memory nor in the store)
+        self.tools_from_store = 0
+        self.last: EmbedReport | None = None  # what the last `embed_tools` call did
 
     @property
     def model_id(self) -> str:
@@ -109,20 +123,42 @@ class Embedder:
         return self
 
     @property
+    def memory_vectors(self) -> int:
+        """Tool vectors held in memory."""
+        return len(self._cache)
+
+    @property
     def dim(self) -> int:
         m = self.model
         get = getattr(m, "get_embedding_dimension", None) or m.get_sentence_embedding_dimension
         return int(get())
 
     def embed_texts(self, texts: list[str]) -> np.ndarray:
-        """list of N strings -> (N, D) float32, rows L2-normalized."""
+        """list of N strings -> (N, D) float32, rows L2-normalized. The texts run through the model in batches of
+        `batch_size` sorted by token count, so a batch pads to nearly its own length (1,000 catalogue tools, one
+        core: see `nexus eval serve --cold-start`)."""
         if not texts:
             return np.zeros((0, self.dim), np.float32)
-        x = self.model.encode(
-            list(texts), batch_size=self.config.batch_size, convert_to_numpy=True, normalize_embeddings=True,
-            show_progress_bar=False,
-        )
-        return np.ascontiguousarray(x, np.float32)
+        import torch
+
+        m = self.model
+        prepare = getattr(m, "preprocess", None) or m.tokenize  # sentence-transformers 5 renamed it
+        ids = m.tokenizer(list(texts), truncation=True, max_length=m.max_seq_length)["input_ids"]
+        order = np.argsort([len(x) for x in ids], kind="stable")
+        out = np.empty((len(texts), self.dim), np.float32)
+        bs = self.config.batch_size
+        threads = torch.get_num_threads()
+        if self.config.threads and len(texts) > bs:  # a batch; one query keeps torch's setting
+            torch.set_num_threads(self.config.threads)
+        try:
+            with torch.inference_mode():
+                for i in range(0, len(order), bs):
+                    rows = order[i:i + bs]
+                    out[rows] = m(prepare([texts[j] for j in rows]))["sentence_embedding"].float().numpy()
+        finally:
+            torch.set_num_threads(threads)
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return np.ascontiguousarray(out / np.where(norms > 0, norms, 1.0), np.float32)
 
     def embed_query(self, query: str) -> np.ndarray:
         """One query -> (D,) float32 unit vector: the model's modules run directly on the one tokenized text, the
@@ -138,19 +174,59 @@ class Embedder:
         return np.ascontiguousarray(v / n if n > 0 else v, np.float32)
 
     def embed_tools(self, tools: list[ToolEntry], cached: dict[str, np.ndarray] | None = None) -> np.ndarray:
-        """N tools -> (N, D) float32; tools whose schema hash is in the in-memory cache or `cached` are not
-        re-embedded (the cache is keyed by schema hash, so a re-registered unchanged tool costs nothing)."""
+        """N tools -> (N, D) float32. A tool is looked up by schema hash in memory (`cached` adds to it), then
+        in the store, and only then embedded (all missing tools in one `embed_texts` call) and stored; `last`
+        says how many came from where and how long it took."""
+        t0 = time.perf_counter()
         if cached:
             self._cache.update(cached)
-        missing = [t for t in tools if t.schema_hash not in self._cache]
+        unique = list({t.schema_hash: t for t in tools}.values())
+        missing = [t for t in unique if t.schema_hash not in self._cache]
+        stored = {}
+        if missing and self.store is not None:
+            stored = self.store.get(self.model_id, [t.schema_hash for t in missing], self.dim)
+            self._cache.update(stored)
+            missing = [t for t in missing if t.schema_hash not in stored]
         if missing:
-            fresh = self.embed_texts([tool_text(t, self.config.recipe) for t in missing])
-            self.tools_embedded += len(missing)
-            for t, v in zip(missing, fresh):
-                self._cache[t.schema_hash] = v
+            fresh = dict(zip((t.schema_hash for t in missing),
+                             self.embed_texts([tool_text(t, self.config.recipe) for t in missing])))
+            self._cache.update(fresh)
+            if self.store is not None:
+                self.store.put(self.model_id, fresh)
+        self.tools_embedded += len(missing)
+        self.tools_from_store += len(stored)
+        self.last = EmbedReport(len(unique), len(unique) - len(stored) - len(missing), len(stored), len(missing),
+                                time.perf_counter() - t0)
         if not tools:
             return np.zeros((0, self.dim), np.float32)
-        return np.stack([self._cache[t.schema_hash] for t in tools]).astype(np.float32)
+        out = np.stack([self._cache[t.schema_hash] for t in tools]).astype(np.float32)
+        for t in unique:
+            self._cache.move_to_end(t.schema_hash)
+        while len(self._cache) > max(self.config.memory_cache, len(unique)):
+            self._cache.popitem(last=False)
+        return out
+
+
+@dataclass
+class EmbedReport:
+    """One `embed_tools` call: distinct tools, how many were in memory, in the store, embedded; seconds."""
+
+    tools: int
+    memory: int
+    stored: int
+    embedded: int
+    seconds: float
+
+    def line(self) -> str:
+        return (f"{self.tools} tools: {self.embedded} embedded, {self.stored} from the store, {self.memory} in memory, "
+                f"{self.seconds:.2f} s")
+
+
+def batch_threads() -> int:
+    """Threads for embedding a batch: `NEXUS_THREADS` when set, else every core this process may run on."""
+    if os.environ.get("NEXUS_THREADS"):
+        return max(1, int(os.environ["NEXUS_THREADS"]))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def text_fingerprint(texts: list[str]) -> str:

@@ -16,6 +16,7 @@ low-level `Server`, served over stdio or streamable HTTP by `serve`.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -98,7 +99,7 @@ class Gateway:
             if self._router is None:
                 from nexus_agent.session import ensure_router
 
-                self._router = ensure_router(self.store, self.config.route_mode)
+                self._router = ensure_router(self.store, self.config.route_mode, _log)
             return self._router
 
     def find_tools(self, request: str, k: int = 5) -> Reply:
@@ -160,6 +161,10 @@ class Gateway:
 
     def close(self) -> None:
         self.pool.close()
+
+
+def _log(line: str) -> None:
+    print(f"nexus mcp: {line}", file=sys.stderr, flush=True)  # stdout is the MCP stream over stdio
 
 
 def build_server(gateway: Gateway):

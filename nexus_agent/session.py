@@ -29,17 +29,26 @@ class SessionConfig:
             raise ValueError(f"unknown route mode {self.route_mode!r}; choose gate, embed or rerank")
 
 
-def ensure_router(store, mode: str = "gate"):
+def ensure_router(store, mode: str = "gate", log=None):
     """A Router over the home SLB buffer, (re)built first (incrementally) when a registered tool is not embedded
-    yet or examples were added since the last build."""
+    yet or examples were added since the last build. `log(line)`: told what a build embedded and how long it took."""
+    import time
+
     from slb.service import FRESH_KIND, buffer_is_current, build, open_router
 
+    def rebuild():
+        t0 = time.perf_counter()
+        r = build(store)
+        if log is not None:
+            log(f"{r.count} tools: {r.embedded} embedded, {r.from_store} from the embedding store, {r.reused} "
+                f"reused from the buffer, {time.perf_counter() - t0:.2f} s")
+
     if store.stale_tools(FRESH_KIND) or not buffer_is_current(store):  # new tools, or examples learned since
-        build(store)
+        rebuild()
     try:
         return open_router(mode)
     except (ValueError, FileNotFoundError):  # buffer missing or naming removed tools: rebuild once
-        build(store)
+        rebuild()
         return open_router(mode)
 
 

@@ -27,6 +27,7 @@ class BuildReport:
     rows: int = 0  # buffer rows: tools plus example rows
     examples_embedded: int = 0
     duplicates: list = field(default_factory=list)  # (name, name, cosine) near-duplicate pairs (slb.duplicates)
+    from_store: int = 0  # tools not in the old buffer whose vectors were in memory or the embedding store
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -39,6 +40,7 @@ def build_buffer(tools: list, embedder: Embedder, path: str | Path, keep_calibra
     queries; see slb.tools.example_texts); with no examples at all the buffer has one row per tool.
     Rows of an existing buffer built by the same embedder are reused when their content key (schema hash
     for the tool text, slb.tools.row_key for an example) is unchanged (no re-embedding); others are embedded.
+    The other tools' vectors come from `embedder.embed_tools` (its memory, its embedding store, else the model).
     A buffer from another embedder is rebuilt from scratch.
     Near-duplicate pairs (slb.duplicates) of the tool-text rows are stored in the header.
     The stored calibration is dropped when the tool set changes (tau does not transfer across registry sizes)
@@ -98,5 +100,7 @@ def build_buffer(tools: list, embedder: Embedder, path: str | Path, keep_calibra
     removed = len(set(old.hashes) - set(hashes)) if old is not None else 0
     write_buffer(path, BufferData(embedder.model_id, dim, names, hashes, m8, scales, calibration, rotation, coarse,
                                   row_tool if grouped else None, keys if grouped else None, pairs))
-    return BuildReport(str(path), len(entries), len(entries) - len(todo), len(todo), removed, scratch,
-                       len(keys), len(todo_ex), [(names[a], names[b], c) for a, b, c in pairs or []])
+    embedded = embedder.last.embedded if todo else 0
+    return BuildReport(str(path), len(entries), len(entries) - len(todo), embedded, removed, scratch,
+                       len(keys), len(todo_ex), [(names[a], names[b], c) for a, b, c in pairs or []],
+                       from_store=len(todo) - embedded)

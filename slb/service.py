@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,7 +12,8 @@ from registry.home import home_path
 from slb.buffer import SLBuffer, write_buffer
 from slb.build import BuildReport, build_buffer
 from slb.duplicates import duplicate_map, margin_to_distinct
-from slb.embedder import Embedder, EmbedderConfig
+from slb.embed_store import EmbeddingStore
+from slb.embedder import Embedder, EmbedderConfig, batch_threads
 from slb.gate import GateConfig, gate_stats, pick_floor, pick_tau
 from slb.reranker import Reranker, RerankerTrainConfig, registry_fingerprint, train_reranker, trained_for
 from slb.router import Router
@@ -33,8 +35,6 @@ ROUTED_SOURCES = ("user", "learned")
 def registry_tools(store=None, examples: tuple[str, ...] = ROUTED_SOURCES) -> list[ToolEntry]:
     """Tools of the registry store (default: the one in the Nexus home), each with its stored example requests
     of the given sources (registry.store.RegistryStore.examples) as extra buffer rows."""
-    import dataclasses
-
     from registry.store import RegistryStore
 
     store = store or RegistryStore()
@@ -48,12 +48,15 @@ def registry_tools(store=None, examples: tuple[str, ...] = ROUTED_SOURCES) -> li
 
 
 def build(store=None, config: EmbedderConfig | None = None, path: Path | None = None) -> BuildReport:
-    """(Re)build the buffer from the registry and mark the tools fresh for the SLB."""
+    """(Re)build the buffer from the registry and mark the tools fresh for the SLB. New tools' vectors come from the
+    home's embedding store (slb.embed_store, shared with `nexus serve`) or are embedded on every core
+    (`batch_threads`, unless `config.threads`)."""
     from registry.store import RegistryStore
 
     store = store or RegistryStore()
     tools = registry_tools(store)
-    report = build_buffer(tools, Embedder(config), path or buffer_path())
+    config = dataclasses.replace(config or EmbedderConfig(), threads=(config and config.threads) or batch_threads())
+    report = build_buffer(tools, Embedder(config, EmbeddingStore()), path or buffer_path())
     for t in tools:
         store.mark_fresh(t.name, FRESH_KIND, t.schema_hash)
     return report

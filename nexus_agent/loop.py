@@ -227,17 +227,18 @@ class Agent:
         args, problem, source, ttfat = res.arguments, res.problem, res.source, res.ttfat_ms
         if args is None:
             obs = Observation(tool.name, "invalid_arguments",
-                              f"the model did not produce valid arguments for {tool.name}: {problem}")
+                              f"the model did not produce valid arguments for {tool.name}: {res.missing or problem}")
         else:
             obs = self.pool.call(tool.name, args)
         provenance = value_sources(args, sources, tool.input_schema or {})
         self.trace.emit("tool_call", arguments=args, source=source, value_sources=provenance, **obs.as_dict())
         return ToolCall(tool.name, args, source, obs, ttfat, provenance)
 
-    def arguments(self, tool, step: str, results: list[str], sources: list[Source]) -> ArgumentsResult:
-        """Arguments from the compressed signature first, the full schema (a spliced block, or text) when the
-        signature is not enough or they failed validation (`arguments.decoder`)."""
-        return self.decoder.decode(tool, step, results, sources)
+    def arguments(self, tool, step: str, results: list[str], sources: list[Source],
+                  limit: int | None = None) -> ArgumentsResult:
+        """Arguments by `arguments.decoder`'s policy: the compressed signature first, a larger budget for JSON
+        still open, the full schema (a spliced block, or text) when they failed validation, a named miss."""
+        return self.decoder.decode(tool, step, results, sources, limit=limit)
 
     # -- answer -------------------------------------------------------------------------------------------
     def answer(self, request: str, observations: list[str]) -> str:

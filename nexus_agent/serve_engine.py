@@ -185,68 +185,109 @@ class Engine:
         except Cancelled:
             return
 
-    def decide(self, req: ChatRequest, arguments: Callable | None = None):
+    def decide(self, req: ChatRequest, arguments: Callable | None = None, on_arguments: Callable | None = None):
         """The turn engine's decision for `req` (`nexus_agent.turn.engine.decide_turn`): a `Turn`.
-        `arguments` replaces the argument decoding (evals that measure the decision only)."""
+        `arguments` replaces the argument decoding (evals that measure the decision only); `on_arguments` is
+        decide_turn's sink for argument pieces as they are decoded."""
         from nexus_agent.turn.engine import PromptTooLong, decide_turn
 
         tool_choice = req.tool_choice if req.named or req.tool_choice == "required" else "auto"
         try:
             return decide_turn(self.decider, self.router_for(req.tools), {t.name: t for t in req.tools},
                                req.messages, self._context, self.config.n_ctx, self.decoder.decode, tool_choice,
-                               req.parallel_tool_calls, self.config.max_arg_tokens, arguments)
+                               req.parallel_tool_calls, self.config.max_arg_tokens, arguments, on_arguments,
+                               req.max_tokens)
         except PromptTooLong as e:
             raise ApiError(400, str(e), "invalid_request_error", "messages", "context_length_exceeded") from None
 
     def _decide(self, req: ChatRequest, emit, cancelled) -> None:
-        """Tool calls as the model decided, or its answer decoded from the same context."""
-        turn = self.decide(req)
+        """Tool calls as the model decided (the first streamed as its arguments are decoded, where nothing
+        streamed can be taken back), or its answer decoded from the same context; a miss is a text answer."""
+        shown: dict[int, str] = {}  # call index -> id, for calls whose pieces went out as they were decoded
+
+        def on_arguments(index: int, tool, live: bool):
+            def show(piece: str) -> bool:
+                if cancelled():
+                    raise Cancelled()
+                if not (live and req.stream):
+                    return False
+                if index not in shown:
+                    shown[index] = new_id("call_")
+                    emit(("start",))
+                    emit(("tool_call", index, shown[index], tool.name))
+                emit(("arguments", index, piece))
+                return True
+            return show
+
+        turn = self.decide(req, on_arguments=on_arguments)
         decision, ids = turn.decision, turn.ids
         self.trace.emit("decide", profile=self.decider.profile.source, **decision.as_dict())
         if decision.kind == "text":
             self._answer(req, emit, cancelled, prompt=(ids, turn.logits, turn.live), first=[self.decider.text_mask()])
             return
-        emit(("start",))
-        good = [c for c in decision.calls if c.arguments is not None]
-        if not good:  # a model's miss is an answer that says what is missing, never a server error
-            missing = "; ".join(f"{c.name}: {c.problem}" for c in decision.calls)
-            emit(("content", f"I could not fill in the arguments of the tool call ({missing})."))
-            emit(("finish", "stop", usage_of(len(ids), 0)))
-            return
-        n_out = 0
-        for i, c in enumerate(good):
-            emit(("tool_call", i, new_id("call_"), c.name))
-            text = json.dumps(c.arguments, ensure_ascii=False)
-            n_out += len(self.tok.encode(text))
-            emit(("arguments", i, text))
-        emit(("finish", "tool_calls", usage_of(len(ids), n_out)))
+        if not shown:
+            emit(("start",))
+        calls = [(c.name, c.arguments, c.text if c.streamed else None, c.problem) for c in decision.calls]
+        self._finish_calls(calls, emit, len(ids), 0)
+
+    def _finish_calls(self, calls: list[tuple], emit, n_prompt: int, n_out: int) -> None:
+        """Send the calls not streamed yet and the finish. `calls`: (name, arguments or None, the text already
+        streamed or None, the miss in words). Calls that missed are left out; with none left the reply is the
+        text answer naming the missing value (`arguments.decoder.miss_answer`), with finish_reason "length" when
+        a streamed call's arguments were left open (the client holds them cut, as OpenAI sends a cut call)."""
+        from nexus_agent.arguments.decoder import miss_answer
+
+        index, misses, open_call = 0, [], False
+        for name, arguments, streamed, problem in calls:
+            if streamed is not None:
+                n_out += len(self.tok.encode(streamed))
+                index += 1
+                if arguments is None:
+                    misses.append((name, problem))
+                    open_call = True
+                continue
+            if arguments is None:
+                misses.append((name, problem))
+                continue
+            emit(("tool_call", index, new_id("call_"), name))
+            text = json.dumps(arguments, ensure_ascii=False)
+            ids = self.tok.encode(text)
+            n_out += len(ids)
+            for piece in _pieces(self.tok, ids):
+                emit(("arguments", index, piece))
+            index += 1
+        if misses and (open_call or index == 0):
+            emit(("content", miss_answer(misses)))
+        finish = "length" if open_call else ("tool_calls" if index else "stop")
+        emit(("finish", finish, usage_of(n_prompt, n_out)))
 
     def _on_text(self, kind: str, piece: str) -> None:
         if self._cancelled():  # raised inside the decode loop; the next prefill drops what it left cached
             raise Cancelled()
 
     def _tool_calls(self, req: ChatRequest, calls: list, emit) -> None:
-        from native.generate import Detokenizer
+        """The routed calls' arguments by the decoder's policy (`arguments.decoder`); on a streamed request each
+        call's pieces go out as they are decoded where nothing streamed can be taken back, else once valid."""
         from nexus_agent.arguments.copy_sources import Source
 
         names = tool_names(req.messages)
         results = [result_text(m, names) for m in req.messages if m["role"] == "tool"][-4:]
         emit(("start",))
-        n_prompt = n_out = 0
-        for i, (tool, step) in enumerate(calls):
-            emit(("tool_call", i, new_id("call_"), tool.name))
+        n_prompt, done = 0, []
+        for tool, step in calls:
+            index, head = sum(d[2] is not None or d[1] is not None for d in done), []
+
+            def on_piece(piece: str, index=index, head=head, name=tool.name) -> None:
+                if not head:
+                    head.append(new_id("call_"))
+                    emit(("tool_call", index, head[0], name))
+                emit(("arguments", index, piece))
+
             sources = [Source("request", step)] + [Source("observation", r) for r in results]
-            res = self.decoder.decode(tool, step, results, sources)
+            res = self.decoder.decode(tool, step, results, sources, on_piece if req.stream else None, req.max_tokens)
             n_prompt += res.prompt_tokens
-            n_out += res.completion_tokens
-            if res.arguments is None:
-                raise ApiError(500, f"no valid arguments for {tool.name}: {res.problem}", "server_error", None,
-                               "invalid_arguments")
-            text = Detokenizer(self.tok)  # the arguments in the model's own token pieces
-            for t in self.tok.encode(res.text):
-                if piece := text.add(t):
-                    emit(("arguments", i, piece))
-        emit(("finish", "tool_calls", usage_of(n_prompt, n_out)))
+            done.append((tool.name, res.arguments, res.text if res.streamed else None, res.missing))
+        self._finish_calls(done, emit, n_prompt, 0)
 
     def _context(self, ids: list[int]):
         """The conversation context sharing the longest token prefix with `ids`; a new one instead, while fewer
@@ -330,6 +371,16 @@ class Engine:
             live.close()
         self.decoder.close()
         self.backend.close()
+
+
+def _pieces(tok, ids: list[int]):
+    """The text of `ids` in the model's own token pieces (a multi-byte character kept whole)."""
+    from native.generate import Detokenizer
+
+    text = Detokenizer(tok)
+    for t in ids:
+        if piece := text.add(t):
+            yield piece
 
 
 _WARMUP = {"name": "warm_up", "description": "say a word",

@@ -11,6 +11,12 @@ flag: generation stops at the next token, the lock passes to the next job. A str
 only once its job is accepted, so every request error keeps its status; an error after that arrives as an
 SSE `data: {"error": ...}` event. Bodies beyond `max_body_bytes` get 413; `--api-key` requires
 `Authorization: Bearer KEY` on /v1 routes (401 otherwise).
+
+Every request gets an answer: the queue has no limit (a waiting request whose client leaves is dropped within
+POLL_S), an exception inside one request is that request's 500 (`failed` in the stats) and the worker goes on,
+and a model's miss is not an exception at all: the engine answers in text naming the missing value
+(`nexus_agent.arguments.decoder`). Tool-call arguments and text reach the client as the engine decodes them
+(events `tool_call`, `arguments`, `content`); which arguments may stream live is the decoder's rule.
 """
 
 from __future__ import annotations

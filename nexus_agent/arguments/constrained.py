@@ -117,6 +117,12 @@ class ConstrainedResult:
     total_s: float = 0.0
     error: str | None = None
     decoded: int = 0  # generated tokens the session now holds (the last one is usually not decoded)
+    extended: bool = False  # the decode went past `max_tokens` into its larger budget
+
+    @property
+    def cut(self) -> bool:
+        """The token limit ended the document before the grammar accepted it."""
+        return not self.complete and self.error is None
 
     def parse(self):
         return json.loads(self.text)
@@ -144,6 +150,22 @@ def schema_grammar(schema: dict) -> str:
 
     return llguidance.LLMatcher.grammar_from_json_schema(
         closed_schema(schema), defaults={"whitespace_flexible": False, "lenient": True})
+
+
+@lru_cache(maxsize=4096)
+def _enforces(schema_json: str) -> bool:
+    import llguidance
+
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(
+        closed_schema(json.loads(schema_json)), defaults={"whitespace_flexible": False, "lenient": False})
+    return not llguidance.LLMatcher.validate_grammar(grammar)
+
+
+def grammar_enforces(schema: dict) -> bool:
+    """Whether the grammar enforces every keyword of `schema` (llguidance compiles it strictly: no keyword
+    ignored, nothing unsatisfiable). Then a document the grammar accepts is valid under the schema, and the only
+    way a constrained decode fails is the token limit (2,051 of the 2,052 public catalogue schemas)."""
+    return _enforces(json.dumps(schema, sort_keys=True))
 
 
 MAX_FRACTION_DIGITS = 6
@@ -263,12 +285,16 @@ class LoopGuard:
 
 def generate_json(session: Session, prompt: Sequence[int], schema: dict, tokenizer, max_tokens: int = 160,
                   on_token: Callable[[str], None] | None = None, logits=None,
-                  processors: Sequence = ()) -> ConstrainedResult:
+                  processors: Sequence = (), extend_to: int | None = None) -> ConstrainedResult:
     """Prefill `prompt` (skip when `logits` (vocab,) after it are given), then decode greedily under `schema`
     through `generate_step`: the grammar mask, then `processors` (e.g. a `CopyBias`), then the loop guard.
 
-    `on_token(piece)` streams the text as it grows. The session keeps the prompt and every generated token
-    except the last (`ConstrainedResult.decoded` counts those it holds).
+    `max_tokens` is the budget the loop guard wraps up in (closers preferred in its last tokens); `extend_to`
+    (> max_tokens) is a larger budget for a document still open there: the same decode goes on, closers still
+    preferred wherever the grammar allows one, until the grammar accepts or `extend_to` tokens (so the text
+    streamed so far stays a prefix of the result: nothing is decoded again). `on_token(piece)` streams the text
+    as it grows. The session keeps the prompt and every generated token except the last
+    (`ConstrainedResult.decoded` counts those it holds).
     """
     from native.generate import Detokenizer, Sampler, SamplerConfig, generate_step
 
@@ -280,7 +306,8 @@ def generate_json(session: Session, prompt: Sequence[int], schema: dict, tokeniz
     ttft = None
     eos = tokenizer.eos_ids
     start = session.n_past + (len(prompt) if logits is None else 0)
-    stream = generate_step(session, prompt, Sampler(SamplerConfig()), max_tokens, eos,
+    limit = max(max_tokens, extend_to or 0)
+    stream = generate_step(session, prompt, Sampler(SamplerConfig()), limit, eos,
                            [grammar, *processors, LoopGuard(tokenizer, max_tokens)], logits)
     for token, _ in stream:
         if ttft is None:
@@ -294,4 +321,4 @@ def generate_json(session: Session, prompt: Sequence[int], schema: dict, tokeniz
     else:
         grammar.close(text.tokens)
     return ConstrainedResult(text.final(), text.tokens, grammar.complete, ttft or 0.0, time.perf_counter() - t0,
-                             grammar.error, session.n_past - start)
+                             grammar.error, session.n_past - start, len(text.tokens) > max_tokens)

@@ -16,17 +16,22 @@ from nexus_agent.arguments.decoder import validate
 
 
 def decode_in_place(live, ids: list[int], logits, tool, sources: list[Source], max_tokens: int = 160,
-                    copy_bias: float = DEFAULT_BIAS, on_token: Callable[[str], None] | None = None):
-    """(arguments or None, the problem, the JSON text) for `tool`, decoded on `live` after `ids` (`logits`:
-    the next-token logits there). The context then holds `ids` and the decoded tokens."""
+                    copy_bias: float = DEFAULT_BIAS, on_token: Callable[[str], None] | None = None,
+                    extend_to: int | None = None):
+    """(arguments or None, the problem, the JSON text, cut) for `tool`, decoded on `live` after `ids` (`logits`:
+    the next-token logits there), wrapped up in `max_tokens` and going on to `extend_to` while the JSON is open
+    (`constrained.generate_json`); cut: it was still open there. The context then holds `ids` and the decoded
+    tokens."""
     schema = tool.input_schema or {"type": "object"}
     tok = live.backend.tokenizer
     copy = [CopyBias(tok, sources, schema, copy_bias, live.session)] if copy_bias else []
     res = generate_json(live.session, ids, schema, tok, max_tokens, on_token=on_token, logits=logits,
-                        processors=copy)
+                        processors=copy, extend_to=extend_to)
     for t in res.tokens[: res.decoded]:
         live.decoded(t)
     if res.error:
-        return None, res.error, res.text
+        return None, res.error, res.text, False
     args, problem = validate(res.text, schema)
-    return args, problem, res.text
+    if res.cut:
+        problem = f"cut at the token limit after {len(res.tokens)} tokens ({problem})"
+    return args, problem, res.text, res.cut

@@ -36,9 +36,11 @@ class TextArgumentDecoder(ArgumentDecoder):
     flow). The server constrains its reply with the tool's closed schema through `response_format`; values
     cannot be copy-biased here (no logits), `jsonschema` validates every reply."""
 
-    def _attempt(self, tool, step: str, results: list[str], sources, problem: str | None):
-        """(text, ms to the first piece, prompt tokens, error, tokens generated): the signature prompt when
-        `problem` is None, else the full schema as text."""
+    def _attempt(self, tool, step: str, results: list[str], sources, problem: str | None, budget: int | None = None,
+                 larger: int | None = None, piece=None):
+        """(text, ms to the first piece, prompt tokens, error, tokens generated, cut): the signature prompt when
+        `problem` is None, else the full schema as text; up to `larger` tokens (a server cannot be asked to wrap
+        up at `budget`). Pieces stream through `on_text` only: nothing is shown before it validates."""
         if problem is None:
             messages = argument_messages(compress(tool), step, results)
         else:
@@ -46,8 +48,9 @@ class TextArgumentDecoder(ArgumentDecoder):
                             fallback="text-only backend: the server holds no splice blocks")
             messages = full_schema_messages(render_schema(tool), step, problem or None, results)
         schema = closed_schema(tool.input_schema or {"type": "object"})
-        text, ttft, n_prompt, n = _stream(self, messages, self.config.max_arg_tokens, "args", schema)
-        return text, ttft * 1e3, n_prompt, None, n
+        limit = larger or self.config.max_arg_tokens
+        text, ttft, n_prompt, n = _stream(self, messages, limit, "args", schema)
+        return text, ttft * 1e3, n_prompt, None, n, n >= limit
 
     def answer(self, agent, request: str, observations: list[str]) -> str:
         """The turn's streamed answer from the server (history: the last `history_turns` turns)."""

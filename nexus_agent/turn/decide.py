@@ -45,12 +45,14 @@ class Candidate:
 
 @dataclass
 class Choice:
-    """One call the decision makes: the tool's name; its arguments come from the caller's decoder."""
+    """One call the decision makes: the tool's name; its arguments come from the caller's decoder (None and the
+    `problem` in words when they missed); streamed: their pieces went to the caller as they were decoded."""
 
     name: str
     arguments: dict | None = None
     problem: str | None = None
     text: str = ""
+    streamed: bool = False
 
 
 @dataclass

@@ -11,7 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
+from nexus_agent.arguments.constrained import grammar_enforces
 from nexus_agent.arguments.copy_sources import Source
+from nexus_agent.arguments.decoder import budgets, describe_miss
 from nexus_agent.arguments.in_place import decode_in_place
 from nexus_agent.turn.decide import Candidate, Decider, Decision, top_k
 from nexus_agent.turn.retrieval import retrieve
@@ -46,7 +48,8 @@ def last_user(messages: list[dict]) -> str:
 
 def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], context: Callable[[list[int]], object],
                 n_ctx: int, fallback: Callable | None = None, tool_choice: str = "auto", parallel: bool = False,
-                max_arg_tokens: int = 160, arguments: Callable | None = None) -> Turn:
+                max_arg_tokens: int = 160, arguments: Callable | None = None, on_arguments: Callable | None = None,
+                limit: int | None = None) -> Turn:
     """Decide one turn over `tools` (name -> registry Tool) routed by `router`.
 
     `messages`: OpenAI-style chat messages (tool calls and results included); `context(ids)`: the live context
@@ -54,6 +57,14 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
     sources) -> ArgumentsResult`: the argument decoder for a call whose in-place arguments failed (its own
     prompt, the full schema); `tool_choice`: auto | required | none | a tool name; `arguments`: replaces the argument
     decoding altogether (evals that measure the decision only).
+
+    Arguments follow the policy of `arguments.decoder`: in place, wrapped up in `max_arg_tokens` and going on to
+    the larger budget while the JSON is open; then, unless they were streamed, `fallback`; a miss leaves the
+    call's arguments None and its `problem` naming the missing value. `on_arguments(index, tool, live)` is called
+    as call `index`'s arguments begin and returns `show(piece) -> bool`, called with each piece as it is decoded
+    (True: the caller showed it to its client; then the call is never decoded again). `live` says whether it may
+    show them: only where nothing shown can be taken back (the first call, which no later check drops, of a
+    schema the grammar enforces whole). `limit`: the client's max_tokens, capping both budgets.
     """
     from nexus_agent.openai_api import render_messages, template_messages
 
@@ -70,12 +81,28 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
     step = last_user(messages)
     sources = [Source("request", step)] + [Source("observation", r) for r in results]
 
+    budget, larger = budgets(max_arg_tokens, limit)
+    shown: list[bool] = []  # per call begun: did the caller show its pieces as they came
+
     def in_place(tool, live, at, logits):
-        args, problem, text = decode_in_place(live, at, logits, tool, sources, max_arg_tokens)
-        if args is None and fallback is not None:  # the full schema, then give up on this call
-            res = fallback(tool, step, results, sources)
-            args, problem = res.arguments, res.problem
+        schema = tool.input_schema or {"type": "object"}
+        index = len(shown)
+        shown.append(False)
+        sink = None
+        if on_arguments is not None:
+            show = on_arguments(index, tool, index == 0 and grammar_enforces(schema))
+
+            def sink(piece: str) -> None:
+                if show(piece):
+                    shown[index] = True
+        args, problem, text, cut = decode_in_place(live, at, logits, tool, sources, budget, on_token=sink,
+                                                   extend_to=larger)
+        if args is None and fallback is not None and not shown[index]:  # its own prompt, the full schema
+            res = fallback(tool, step, results, sources, limit=limit)
+            args, problem = res.arguments, res.missing
             text = json.dumps(args, ensure_ascii=False) if args is not None else text
+        elif args is None:
+            problem = describe_miss(text, schema, problem, cut)
         return args, problem, text
 
     live = context(ids)
@@ -83,4 +110,6 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
                                             tool_choice, parallel, spans, step)
     if decision.kind == "call":
         live.ids = held[: live.session.n_past]
+        if shown and shown[0] and decision.calls:
+            decision.calls[0].streamed = True
     return Turn(decision, ids, logits, live)

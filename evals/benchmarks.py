@@ -16,19 +16,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from evals import (
-    agent,
-    arguments,
-    backends,
-    decide,
-    eviction,
-    eviction_report,
-    routing,
-    scan,
-    serve,
-    serve_cold,
-    splice,
-)
+from evals import agent, arguments, backends, decide, eviction, eviction_report, routing, scan, serve, splice
 from evals.render import Figure
 
 SIZES = ("full", "quick", "tiny")
@@ -142,26 +130,20 @@ BENCHMARKS: list[Benchmark] = [
         tiny_plan=("--data", "{data}/../arguments/arguments.jsonl", "--per-category", "1", "--sizes", "",
                    "--catalog", "{data}/tools.jsonl")),
     Benchmark(
-        name="serve", title="Serving (`nexus serve`)",
-        blurb="Tool calls over HTTP, streamed: `nexus serve` against llama-cpp-python's OpenAI server "
-              "(`--chat_format chatml-function-calling`, n_ctx 8192) on the same GGUF, for `tools` lists of 10 to "
-              "1,000 catalogue tools; the same list sent twice; 4 concurrent clients. A peer failure is a failure.",
+        name="serve", title="Serving (`nexus serve`) side by side with the peers on the same weights",
+        blurb="Tool calls over HTTP, streamed, on the packaged Qwen2.5-Coder-0.5B-Instruct GGUF, one core each: "
+              "`nexus serve` against llama_cpp.server (the GGUF's own chat template, calls read from its text, "
+              "n_ctx 32768) and mlx_lm.server (the GGUF as a float32 folder, its own tool parser), for `tools` "
+              "lists of 10 to 1,000 catalogue tools (one list per size, as an agent sends); a 5-turn conversation "
+              "with tool results between turns; 8 concurrent streaming clients. A peer's overflow, time-out or "
+              "error is a failure.",
         add_arguments=serve.add_arguments, run=serve.run, table=serve.table, figures=serve.FIGURES,
-        plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50,250,1000"),
-        quick_plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,250",
-                    "--requests", "2"),
+        plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50,250,1000",
+              "--requests", "3", "--peer-requests", "1", "--timeout", "450"),
+        quick_plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10,50",
+                    "--requests", "2", "--turns", "3", "--clients", "4"),
         tiny_plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10",
-                   "--requests", "1", "--no-peer", "--clients", "2", "--throughput-requests", "1")),
-    Benchmark(
-        name="serve_cold", title="Cold start of `nexus serve`",
-        blurb="A tool list no server has seen (the first N catalogue tools in a fresh Nexus home): the first "
-              "request, the same list again, and the first request after a restart on the same home (its "
-              "embedding store). Targets: a cold 1,000-tool list ready in <= 10 s, after a restart <= 1 s.",
-        add_arguments=serve_cold.add_arguments, run=serve_cold.run, table=serve_cold.table,
-        figures=serve_cold.FIGURES,
-        plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--cold-start", "250,1000"),
-        quick_plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--cold-start", "250"),
-        tiny_plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--cold-start", "10")),
+                   "--requests", "1", "--servers", "nexus", "--model", "smollm2", "--turns", "2", "--clients", "2")),
     Benchmark(
         name="decide", title="Deciding: the router alone vs the model among the top k",
         blurb="Relevant requests, prompts no tool fits and conversational turns (evals/data/chat_turns.jsonl), "

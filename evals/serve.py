@@ -1,19 +1,26 @@
-"""`nexus serve` against llama-cpp-python's own OpenAI server on the same GGUF, over HTTP, streamed.
+"""`nexus serve` side by side with the servers a user would pick for the same weights, over HTTP, streamed.
 
-Both servers are started by this eval as subprocesses on free 127.0.0.1 ports (one thread each; ours: `nexus serve`;
-the peer: `python -m llama_cpp.server --chat_format chatml-function-calling --n_ctx 8192`, through
-`native.llamacpp_peer` for our backend's weight-repacking rule) and killed by PID at
-the end. Requests are public routing queries (queries.jsonl) with their gold tool inside a `tools` list of N
-catalogue tools (N = 10 / 50 / 250 / 1000; each size takes its own distractors, so the first request of a size
-meets tools neither server has seen), `tool_choice: "auto"`, `stream: true`; the same requests go to both.
+One run starts each server in turn as a subprocess on a free 127.0.0.1 port (one thread each; run the eval under
+`/tmp/heavy` or `taskset` so they share one core) and kills it by PID at the end; every server serves the same
+GGUF (default the packaged Qwen2.5-Coder-0.5B-Instruct):
+- `nexus`: `nexus serve --model GGUF` (the model decides among the router's candidates; n_ctx 8192 is enough: it
+  never shows every tool). Its NEXUS_HOME is a fresh folder, so the first request of a size embeds its tools.
+- `llama_cpp`: llama-cpp-python's server (`native.llamacpp_peer`) with no `--chat_format`, so it formats chats with
+  the GGUF's own template (`chat_template.default`), which renders `tools`; it does not parse calls, so the call
+  is read from the streamed text (`evals.serve_calls.parse_text_call`). n_ctx 32768, the model's limit.
+- `mlx_lm`: mlx-lm's server (`native.mlx_peer`: OpenBLAS bound, the GGUF as a float32 folder cached in the Nexus
+  home); it renders tools with the tokenizer's chat template and parses Qwen's calls into `delta.tool_calls`.
+Both peers keep a prompt cache (llama.cpp the last prompt's tokens, mlx-lm an LRU of prompts), so the first
+request of a size is their cold prefill and the later ones reuse the tools prefix: both are reported.
 
-Per request: time to the first tool-call byte (the first SSE chunk carrying `delta.tool_calls`) and to the
-complete tool call (the chunk with `finish_reason`), whether a tool was called, whether it was the gold one, and
-whether its arguments parse and validate against that tool's schema. The first request of each size is sent
-twice (timed to the end of the reply, call or not): the repeat shows what the schema cache saves (ours embeds
-and indexes a tool list once). Throughput: 4 clients at once, each sending requests over the 10-tool lists. A
-peer request that fails (its prompt of every schema overflows the context, or an error) is counted as a
-failure with its message, never as a zero time.
+Requests are public routing queries with their gold tool among N catalogue tools (N = 10 / 50 / 250 / 1000; all
+requests of a size send the same list, as an agent does: their gold tools among distractors of that size's own),
+`tool_choice: "auto"`, `stream: true`, temperature 0. A peer prompt whose tokens (the
+GGUF's template and tokenizer) plus max_tokens exceed n_ctx is an overflow failure and is not sent. Per request:
+ms to the first byte of the tool call and to its last byte, right tool, arguments valid against the tool's schema,
+or the failure's kind (`evals.serve_calls.FAILURES`, or `timeout` after --timeout s: the server is then restarted
+so later requests do not queue behind it). Then a conversation of --turns user turns over one tool list, a tool
+result after each call (each server continues its own conversation), and --clients concurrent streaming clients.
 """
 
 from __future__ import annotations
@@ -26,25 +33,38 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
-from evals.render import Figure, md_table, pct, pyplot
+from evals.serve_calls import FAILURES, chat_request
+from evals.serve_report import FIGURES, _ms, table, targets
 
-READY_TIMEOUT_S = 180
-SERVERS = ("nexus", "llama_cpp")
+__all__ = ["FIGURES", "add_arguments", "chat_request", "run", "table"]
+
+READY_TIMEOUT_S = 300
+SERVERS = ("nexus", "llama_cpp", "mlx_lm")
+SYSTEM = "You are a helpful assistant. Call a function when one fits the request."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--catalog", required=True, metavar="FILE", help="JSONL of MCP tools (the public tools.jsonl)")
     p.add_argument("--queries", required=True, metavar="FILE", help="JSONL of {query, gold_tool} (queries.jsonl)")
+    p.add_argument("--model", default="qwen2.5-coder-0.5b", help="GGUF or packaged name every server serves")
+    p.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated, of {', '.join(SERVERS)}")
     p.add_argument("--sizes", default="10,50,250,1000")
-    p.add_argument("--requests", type=int, default=4, help="queries per size (default 4)")
-    p.add_argument("--clients", type=int, default=4, help="concurrent clients in the throughput run")
-    p.add_argument("--throughput-requests", type=int, default=3, help="requests per client in the throughput run")
-    p.add_argument("--no-peer", action="store_true", help="measure nexus serve only")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--requests", type=int, default=3, help="queries per size (default 3)")
+    p.add_argument("--peer-requests", type=int, default=None, metavar="N",
+                   help="queries per size for the peers at 250 tools or more (default --requests)")
+    p.add_argument("--n-ctx", type=int, default=32768, help="the peers' context (default 32768, Qwen2.5's limit)")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--turns", type=int, default=5, help="user turns in the conversation (0: none)")
+    p.add_argument("--conversation-size", type=int, default=10, help="tools in the conversation's list")
+    p.add_argument("--clients", type=int, default=8, help="concurrent streaming clients (0: none)")
+    p.add_argument("--client-requests", type=int, default=1, help="requests per concurrent client")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (then a 'timeout' failure)")
+    p.add_argument("--no-peer", action="store_true", help="measure nexus serve only (same as --servers nexus)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -58,7 +78,7 @@ def _free_port() -> int:
 
 def _start(cmd: list[str], port: int, log: Path, env: dict) -> subprocess.Popen:
     """Start a server and wait until its /v1/models answers."""
-    with open(log, "wb") as out:
+    with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -86,82 +106,64 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=20)
 
 
-def chat_request(port: int, body: dict, timeout: float) -> dict:
-    """One chat request, streamed when body["stream"]: ms to the first tool-call chunk and to the finish (the
-    response, non-streamed), the reply's first call, or the error. A stream that ends without a finish_reason
-    (the server dropped it) is an error."""
-    out = {"first_tool_ms": None, "complete_ms": None, "end_ms": None, "tool": None, "arguments": "",
-           "finish": None, "content": "", "error": None}
-    t0 = time.perf_counter()
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            out["error"] = f"HTTP {resp.status}: {resp.read().decode('utf-8', 'replace')[:300]}"
-            return out
-        if not body.get("stream"):
-            reply = json.loads(resp.read())
-            out["end_ms"] = out["complete_ms"] = (time.perf_counter() - t0) * 1e3
-            choice = reply["choices"][0]
-            calls = choice["message"].get("tool_calls") or []
-            out["finish"], out["content"] = choice.get("finish_reason"), choice["message"].get("content") or ""
-            if calls:
-                out["first_tool_ms"] = out["complete_ms"]
-                out["tool"], out["arguments"] = calls[0]["function"]["name"], calls[0]["function"]["arguments"]
-            return out
-        for line in resp:
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                out["error"] = f"stream error: {json.dumps(event['error'])[:300]}"
-                break
-            for choice in event.get("choices") or []:
-                delta = choice.get("delta") or {}
-                for call in delta.get("tool_calls") or []:
-                    if out["first_tool_ms"] is None:
-                        out["first_tool_ms"] = (time.perf_counter() - t0) * 1e3
-                    fn = call.get("function") or {}
-                    if call.get("index", 0) == 0:
-                        out["tool"] = out["tool"] or fn.get("name")
-                        out["arguments"] += fn.get("arguments") or ""
-                out["content"] += delta.get("content") or ""
-                if choice.get("finish_reason"):
-                    out["finish"] = choice["finish_reason"]
-                    out["complete_ms"] = (time.perf_counter() - t0) * 1e3
-        out["end_ms"] = (time.perf_counter() - t0) * 1e3  # the whole reply, [DONE] included
-        if out["finish"] is None and out["error"] is None:
-            out["error"] = "the stream ended without a finish_reason (the server dropped it; see server_errors)"
-        conn.close()
-    except (OSError, ValueError, KeyError, IndexError) as e:
-        out["error"] = f"{type(e).__name__}: {e}"
-    return out
+def _command(name: str, gguf: str, port: int, args) -> list[str]:
+    py, host = sys.executable, ["--host", "127.0.0.1", "--port", str(port)]
+    if name == "nexus":
+        return [py, "-m", "nexus_agent.cli", "serve", "--port", str(port), "--max-body-mb", "64", "--model", gguf]
+    if name == "llama_cpp":  # no --chat_format: the GGUF's own template; a new request waits
+        return [py, "-m", "native.llamacpp_peer", "--model", gguf, "--n_ctx", str(args.n_ctx), "--n_threads", "1",
+                "--n_threads_batch", "1", "--interrupt_requests", "False", *host]  # queue, never cancel, a request
+    if name == "mlx_lm":
+        return [py, "-m", "native.mlx_peer", "--model", gguf, "--max-tokens", str(args.max_tokens), *host]
+    raise ValueError(f"unknown server {name!r} in --servers; choose from {', '.join(SERVERS)}")
 
 
-def server_errors(log: Path) -> dict[str, int]:
-    """The exceptions a server logged (`ValueError: Requested tokens (34477) exceed context window of 8192`), with
-    how often: a server that drops a stream says why only in its log."""
-    import re
+class Server:
+    """One server under test: started, restarted after a timed-out request, stopped by PID."""
 
-    counts: dict[str, int] = {}
-    for line in log.read_text(errors="replace").splitlines():
-        m = re.match(r"^(?:\s*\|\s*)?([A-Za-z_.]*(?:Error|Exception)): (.+)$", line)
-        if m:
-            key = re.sub(r"\(\d+\)", "(N)", f"{m.group(1)}: {m.group(2)}")[:200]
-            counts[key] = counts.get(key, 0) + 1
-    return counts
+    def __init__(self, name: str, gguf: str, args, folder: Path, env: dict):
+        self.name, self.gguf, self.args, self.env = name, gguf, args, env
+        self.log, self.proc, self.port, self.restarts = folder / f"{name}.log", None, None, 0
+        self.model = "default_model" if name == "mlx_lm" else gguf  # mlx_lm loads any other name it is sent
+
+    def start(self) -> Server:
+        self.port = _free_port()
+        self.proc = _start(_command(self.name, self.gguf, self.port, self.args), self.port, self.log, self.env)
+        if self.name == "nexus":  # it serves its model under the name /v1/models lists
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+            c.request("GET", "/v1/models")
+            self.model = json.loads(c.getresponse().read())["data"][0]["id"]
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+            self.proc = None
+
+    def send(self, body: dict, tokens: int | None) -> dict:
+        """One request; a peer prompt over the context is an overflow, not sent; a time-out restarts the server."""
+        if self.name != "nexus" and tokens is not None and tokens + self.args.max_tokens > self.args.n_ctx:
+            return {"failure": "overflow", "error": f"{tokens} prompt tokens + {self.args.max_tokens} > n_ctx "
+                    f"{self.args.n_ctx}", "first_tool_ms": None, "complete_ms": None, "end_ms": None,
+                    "tool": None, "arguments": None, "parsed": None}
+        r = chat_request(self.port, dict(body, model=self.model), self.args.timeout)
+        if r["failure"] == "timeout":
+            self.stop()
+            self.restarts += 1
+            self.start()
+        return r
 
 
-def _valid(args_text: str, schema: dict) -> bool:
+def _valid(args_text: str | None, schema: dict | None) -> bool:
     import jsonschema
 
+    if args_text is None or schema is None:
+        return False
     try:
-        value = json.loads(args_text)
-        jsonschema.validate(value, schema)
+        jsonschema.validate(json.loads(args_text), schema)
     except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
         return False
-    return isinstance(value, dict)
+    return True
 
 
 def _openai_tool(t) -> dict:
@@ -169,8 +171,18 @@ def _openai_tool(t) -> dict:
                                              "parameters": t.input_schema}}
 
 
-def _workload(args) -> tuple[dict[int, list[dict]], dict]:
-    """Per size: requests (query, gold, tool list); and every tool's schema by name."""
+def _tool_list(rng, distractors: list[str], golds: list[str], tools: dict) -> list[dict]:
+    """The golds at random places among the distractors, as OpenAI tools."""
+    names = list(distractors)
+    for g in golds:
+        names.insert(int(rng.integers(0, len(names) + 1)), g)
+    return [_openai_tool(tools[n]) for n in names]
+
+
+def _workload(args) -> tuple[dict[int, list[dict]], dict, dict]:
+    """Per size: requests (query, gold, tool list), every request of a size with the same list of N tools (its
+    queries' gold tools among distractors of its own), as an agent sends the same tools with every request; the
+    conversation (its turns' queries and golds, one list of --conversation-size tools); and every tool by name."""
     import numpy as np
 
     from registry.model import Tool
@@ -187,86 +199,141 @@ def _workload(args) -> tuple[dict[int, list[dict]], dict]:
     rng = np.random.default_rng(args.seed)
     queries = [queries[i] for i in rng.permutation(len(queries)) if queries[i]["gold_tool"] in tools]
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    golds = {q["gold_tool"] for q in queries[: args.requests * len(sizes)]}
+    groups, rest = [], iter(queries)
+    for n in [args.requests] * len(sizes) + [args.turns]:  # distinct golds within a list
+        group: list[dict] = []
+        for q in rest:
+            if len(group) == n:
+                break
+            if q["gold_tool"] not in {g["gold_tool"] for g in group}:
+                group.append(q)
+        groups.append(group)
+    if any(len({q["gold_tool"] for q in g}) > n for g, n in zip(groups, sizes + [args.conversation_size])):
+        raise ValueError(f"--requests {args.requests} / --turns {args.turns} exceed a list's size ({args.sizes})")
+    golds = {q["gold_tool"] for g in groups for q in g}
     pool = [n for n in rng.permutation(sorted(tools)) if n not in golds]
-    if sum(sizes) > len(pool):
-        raise ValueError(f"sizes {args.sizes} need {sum(sizes)} distractors; the catalogue has {len(pool)}")
-    plan, start = {}, 0
-    for k, size in enumerate(sizes):
-        distractors, start = pool[start:start + size - 1], start + size - 1
-        rows = []
-        for q in queries[k * args.requests:(k + 1) * args.requests]:
-            at = int(rng.integers(0, size))  # one fixed distractor order per size: a client's list is stable
-            names = distractors[:at] + [q["gold_tool"]] + distractors[at:]
-            rows.append({"query": q["query"], "gold": q["gold_tool"], "tools": [_openai_tool(tools[n]) for n in names]})
-        plan[size] = rows
-    return plan, tools
+    counts = [size - len(g) for size, g in zip(sizes, groups)] + [args.conversation_size - len(groups[-1])]
+    if sum(counts) > len(pool):
+        raise ValueError(f"sizes {args.sizes} need {sum(counts)} distractors; the catalogue has {len(pool)}")
+    lists, start = [], 0
+    for group, n in zip(groups, counts):
+        lists.append(_tool_list(rng, pool[start:start + n], [q["gold_tool"] for q in group], tools))
+        start += n
+    plan = {size: [{"query": q["query"], "gold": q["gold_tool"], "tools": lst} for q in group]
+            for size, group, lst in zip(sizes, groups, lists)}
+    conversation = {"turns": [{"query": q["query"], "gold": q["gold_tool"]} for q in groups[-1]], "tools": lists[-1]}
+    return plan, conversation, tools
 
 
-SYSTEM = "You are a helpful assistant. Call a function when one fits the request."
+def _body(messages: list[dict], tools: list[dict], max_tokens: int) -> dict:
+    return {"messages": messages, "tools": tools, "tool_choice": "auto", "stream": True,
+            "max_tokens": max_tokens, "temperature": 0}
 
 
-def _body(model: str, row: dict, stream: bool = True) -> dict:
-    """The request both servers get. The system message matters to the peer: chatml-function-calling renders
-    the function list inside the system turn, so without one the peer's model never sees the tools."""
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": row["query"]}]
-    return {"model": model, "messages": messages, "tools": row["tools"],
-            "tool_choice": "auto", "stream": stream, "max_tokens": 256, "temperature": 0}
+class _Tokens:
+    """Prompt tokens as the GGUF's own template and tokenizer count them (what a peer prefills)."""
+
+    def __init__(self, gguf: str):
+        from native.tokenizer import load_tokenizer
+
+        self.tok = load_tokenizer(gguf)
+
+    def __call__(self, messages: list[dict], tools: list[dict]) -> int:
+        plain = [{k: v for k, v in m.items() if k != "tool_calls"} | {"content": m.get("content") or ""}
+                 for m in messages]  # a count: the calls' few tokens are left out
+        return len(self.tok.encode_chat(plain, tools=tools))
+
+
+def _row(r: dict, gold: str, tools: dict, tokens: int | None) -> dict:
+    schema = tools[r["tool"]].input_schema if r["tool"] in tools else None
+    return {k: r.get(k) for k in ("first_tool_ms", "complete_ms", "end_ms", "tool", "arguments", "parsed",
+                                  "failure", "error")} | {
+        "gold": gold, "right": r["tool"] == gold, "valid": _valid(r["arguments"], schema), "prompt_tokens": tokens,
+        "text": (r.get("content") or "")[:300] if r["parsed"] == "text" or r["failure"] in ("no_call", "bad_json")
+        else None}
+
+
+def _p(vals: list[float], q: float) -> float | None:
+    vals = sorted(v for v in vals if v is not None)
+    if not vals:
+        return None
+    return round(vals[min(len(vals) - 1, int(round(q * (len(vals) - 1))))], 1) if q != 0.5 else \
+        round(statistics.median(vals), 1)
 
 
 def _summary(rows: list[dict]) -> dict:
-    ok = [r for r in rows if r["error"] is None]
-    calls = [r for r in ok if r["tool"]]
-
-    def med(key):
-        vals = [r[key] for r in calls if r[key] is not None]
-        return round(statistics.median(vals), 1) if vals else None
-
-    return {"requests": len(rows), "failures": len(rows) - len(ok),
+    n, calls = len(rows), [r for r in rows if r["failure"] is None]  # a call with arguments that parse
+    kinds = {k: sum(r["failure"] == k for r in rows) for k in FAILURES}
+    return {"requests": n, "call_ms_p50": _p([r["complete_ms"] for r in calls], 0.5),
+            "first_byte_ms_p50": _p([r["first_tool_ms"] for r in calls], 0.5),
+            "first_call_ms": rows[0]["complete_ms"] if rows else None,
+            "tool_acc": sum(r["right"] for r in rows) / n if n else None,
+            "args_valid": sum(r["valid"] for r in rows) / n if n else None,
+            "failed": sum(kinds.values()), "failures": {k: v for k, v in kinds.items() if v},
             "errors": sorted({r["error"][:160] for r in rows if r["error"]})[:3],
-            "called": len(calls) / len(ok) if ok else None,
-            "gold": sum(r["tool"] == r["gold"] for r in calls) / len(ok) if ok else None,
-            "args_valid": sum(r["valid"] for r in calls) / len(calls) if calls else None,
-            "first_tool_ms": med("first_tool_ms"), "complete_ms": med("complete_ms")}
+            "prompt_tokens": _p([r["prompt_tokens"] for r in rows], 0.5)}
 
 
-MODES = ("streamed", "non_streamed")
-
-
-def _measure(name: str, port: int, model: str, plan: dict, tools: dict, args) -> dict:
-    """Per mode and size: every request's row and their summary; the first request is sent twice."""
-    out = {mode: {} for mode in MODES}
+def _measure_sizes(srv: Server, plan: dict, tools: dict, count, args) -> dict:
+    out = {}
     for size, rows in plan.items():
-        done = {mode: [] for mode in MODES}
-        cells = {mode: out[mode].setdefault(str(size), {}) for mode in MODES}
-        for k, row in enumerate(rows):
-            for mode in MODES:  # the same request streamed, then not
-                body = _body(model, row, mode == "streamed")
-                r = chat_request(port, body, args.timeout)
-                schema = tools[r["tool"]].input_schema if r["tool"] in tools else None
-                r.update(gold=row["gold"], valid=schema is not None and _valid(r["arguments"], schema))
-                done[mode].append(r)
-                if k == 0:  # the same list again: what a repeated tool list costs (whole reply; None: failed)
-                    again = chat_request(port, body, args.timeout)
-                    cells[mode].update(cold_ms=None if r["error"] else round(r["end_ms"], 1),
-                                       repeat_ms=None if again["error"] else round(again["end_ms"], 1),
-                                       repeat_error=again["error"])
-                print(f"  {name} {mode} {size} tools: {r['tool']} (gold {row['gold']}) first {r['first_tool_ms']} "
-                      f"complete {r['complete_ms']} error {r['error']}", file=sys.stderr, flush=True)
-        for mode in MODES:
-            cells[mode].update(_summary(done[mode]), rows=[{k: v for k, v in r.items() if k != "content"}
-                                                           for r in done[mode]])
-    return {"modes": out, "throughput": _throughput(port, model, plan[min(plan)], args)}
+        if srv.name != "nexus" and size >= 250 and args.peer_requests is not None:
+            rows = rows[:args.peer_requests]
+        done = []
+        for row in rows:
+            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": row["query"]}]
+            tokens = count(messages, row["tools"])
+            r = srv.send(_body(messages, row["tools"], args.max_tokens), tokens)
+            done.append(_row(r, row["gold"], tools, tokens))
+            print(f"  {srv.name} {size} tools ({tokens} tokens): {r['tool']} (gold {row['gold']}) first byte "
+                  f"{_ms(r['first_tool_ms'])} ms, call {_ms(r['complete_ms'])} ms, {r['failure'] or 'ok'} "
+                  f"{r['error'] or ''}", file=sys.stderr, flush=True)
+        out[str(size)] = _summary(done) | {"rows": done}
+    return out
 
 
-def _throughput(port: int, model: str, rows: list[dict], args) -> dict:
-    """`clients` threads at once, each sending `throughput_requests` non-streamed requests (the peer cannot stream
-    an automatic tool choice)."""
-    results: list[dict] = []
+def _result_message(k: int, r: dict) -> list[dict]:
+    """The assistant's reply as a conversation turn, then the tool's result when it called one (content "" rather
+    than None beside a call: llama_cpp.server's request model refuses None)."""
+    if r["tool"] is None:
+        return [{"role": "assistant", "content": r.get("content") or ""}]
+    call_id = f"call_{k}"
+    return [{"role": "assistant", "content": "", "tool_calls": [{"id": call_id, "type": "function", "function": {
+                "name": r["tool"], "arguments": r["arguments"] or "{}"}}]},
+            {"role": "tool", "tool_call_id": call_id,
+             "content": json.dumps({"status": "ok", "tool": r["tool"], "result": f"done (step {k + 1})"})}]
+
+
+def _conversation(srv: Server, conv: dict, tools: dict, count, args) -> dict:
+    """Each user turn sent with the conversation so far (this server's own calls and their results): per turn, ms
+    to the end of the reply; the total."""
+    messages, turns = [{"role": "system", "content": SYSTEM}], []
+    for k, turn in enumerate(conv["turns"]):
+        messages.append({"role": "user", "content": turn["query"]})
+        tokens = count(messages, conv["tools"])
+        r = srv.send(_body(messages, conv["tools"], args.max_tokens), tokens)
+        turns.append(_row(r, turn["gold"], tools, tokens))
+        print(f"  {srv.name} turn {k + 1} ({tokens} tokens): {r['tool']} (gold {turn['gold']}) "
+              f"{_ms(r['end_ms'])} ms {r['failure'] or 'ok'}", file=sys.stderr, flush=True)
+        messages += _result_message(k, r)
+    ends = [t["end_ms"] for t in turns]
+    return {"total_ms": round(sum(ends), 1) if all(e is not None for e in ends) else None,
+            "turn_ms": [e and round(e, 1) for e in ends], "tool_acc": sum(t["right"] for t in turns) / len(turns),
+            "failed": sum(t["failure"] is not None for t in turns), "rows": turns}
+
+
+def _concurrent(srv: Server, rows: list[dict], tools: dict, count, args) -> dict:
+    """`clients` threads at once, each sending `client_requests` streamed requests over the smallest size's lists."""
+    done: list[dict] = []
 
     def client(i: int) -> None:
-        for j in range(args.throughput_requests):
-            results.append(chat_request(port, _body(model, rows[(i + j) % len(rows)], False), args.timeout))
+        for j in range(args.client_requests):
+            row = rows[(i + j) % len(rows)]
+            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": row["query"]}]
+            tokens = count(messages, row["tools"])
+            r = chat_request(srv.port, dict(_body(messages, row["tools"], args.max_tokens), model=srv.model),
+                             args.timeout)
+            done.append(_row(r, row["gold"], tools, tokens))
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
@@ -274,97 +341,58 @@ def _throughput(port: int, model: str, rows: list[dict], args) -> dict:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
-    ok = [r for r in results if r["error"] is None]
-    return {"clients": args.clients, "requests": len(results), "failures": len(results) - len(ok),
-            "errors": sorted({r["error"][:160] for r in results if r["error"]})[:3], "wall_s": round(wall, 2),
-            "requests_per_s": round(len(ok) / wall, 3) if ok else None}
+    s = _summary(done)
+    return {"clients": args.clients, "wall_s": round(time.perf_counter() - t0, 2),
+            "call_ms_p99": _p([r["complete_ms"] for r in done if r["failure"] is None], 0.99)} | {
+        k: s[k] for k in ("requests", "call_ms_p50", "first_byte_ms_p50", "tool_acc", "args_valid", "failed",
+                          "failures", "errors")}
 
 
 def run(args: argparse.Namespace) -> dict:
     for flag, path in (("--catalog", args.catalog), ("--queries", args.queries)):
         if not Path(path).is_file():
             raise FileNotFoundError(f"{flag} {path}: no such file")
-    import tempfile
+    from native.model_files import resolve_model
 
-    from native.model_files import default_model_path
-
-    plan, tools = _workload(args)
-    gguf = default_model_path()
+    names = ["nexus"] if args.no_peer else [n for n in args.servers.split(",") if n]
+    for n in names:
+        if n not in SERVERS:
+            raise ValueError(f"unknown server {n!r} in --servers; choose from {', '.join(SERVERS)}")
+    gguf = resolve_model(args.model).path
+    plan, conv, tools = _workload(args)
+    count = _Tokens(gguf)
     env = dict(os.environ, NEXUS_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    result = {"sizes": sorted(plan), "requests": args.requests, "seed": args.seed, "model": os.path.basename(gguf),
-              "servers": {}}
+    result = {"model": os.path.basename(gguf), "sizes": sorted(plan), "requests": args.requests,
+              "peer_requests": args.peer_requests, "n_ctx": args.n_ctx, "seed": args.seed, "servers": {},
+              "conversation": {}, "concurrent": {}, "restarts": {}, "server_errors": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        env["NEXUS_HOME"] = tmp
-        commands = {"nexus": lambda p: [sys.executable, "-m", "nexus_agent.cli", "serve", "--port", str(p),
-                                        "--max-body-mb", "64"],
-                    "llama_cpp": lambda p: [sys.executable, "-m", "native.llamacpp_peer", "--model", gguf,
-                                            "--chat_format", "chatml-function-calling", "--n_ctx", "8192",
-                                            "--n_threads", "1", "--n_threads_batch", "1", "--host", "127.0.0.1",
-                                            "--port", str(p)]}
-        for name in SERVERS[:1] if args.no_peer else SERVERS:
-            port = _free_port()
-            proc = _start(commands[name](port), port, Path(tmp) / f"{name}.log", env)
+        for name in names:  # nexus starts with an empty home: its first request of a size embeds the tools
+            own = {"nexus": {"NEXUS_HOME": tmp}, "mlx_lm": {"HF_HUB_CACHE": tmp}}.get(name, {})  # mlx_lm's
+            srv = Server(name, gguf, args, Path(tmp), env | own)  # /v1/models fails without a Hugging Face cache
+            srv.start()
             try:
-                model = "smollm2" if name == "nexus" else gguf
-                result["servers"][name] = _measure(name, port, model, plan, tools, args)
+                result["servers"][name] = _measure_sizes(srv, plan, tools, count, args)
+                if conv["turns"]:
+                    result["conversation"][name] = _conversation(srv, conv, tools, count, args)
+                if args.clients:
+                    result["concurrent"][name] = _concurrent(srv, plan[min(plan)], tools, count, args)
             finally:
-                _stop(proc)
-            result["servers"][name]["server_errors"] = server_errors(Path(tmp) / f"{name}.log")
+                srv.stop()
+            result["restarts"][name] = srv.restarts
+            result["server_errors"][name] = server_errors(srv.log)
+    result["targets"] = targets(result)
     print(table(result))
     return result
 
 
-def table(r: dict) -> str:
-    """Markdown: per server, mode and tool-list size, time to the first tool-call byte and to the complete call,
-    the cold vs repeated tool list, call / gold-tool / valid-argument rates and failures; then throughput and
-    the errors each server logged."""
-    rows = []
-    for name, s in r["servers"].items():
-        for mode, sizes in s["modes"].items():
-            for size in sorted(sizes, key=int):
-                x = sizes[size]
-                fail = f"{x['failures']}/{x['requests']}" + (f" ({x['errors'][0][:70]})" if x["errors"] else "")
-                rows.append([name, mode.replace("_", "-"), size, x["first_tool_ms"], x["complete_ms"], x.get("cold_ms"),
-                             x.get("repeat_ms"), pct(x["called"]), pct(x["gold"]), pct(x["args_valid"]), fail])
-    out = md_table(["server", "mode", "tools", "first tool byte (ms)", "complete call (ms)", "first list (ms)",
-                    "same list again (ms)", "called", "gold tool", "args valid", "failed"], rows)
-    tp = [[n, s["throughput"]["clients"], s["throughput"]["requests"], s["throughput"]["wall_s"],
-           s["throughput"]["requests_per_s"], s["throughput"]["failures"]] for n, s in r["servers"].items()]
-    out += "\n\n" + md_table(["server", "clients (non-streamed)", "requests", "wall (s)", "requests/s", "failed"], tp)
-    logged = [[n, e, c] for n, s in r["servers"].items() for e, c in (s.get("server_errors") or {}).items()]
-    if logged:
-        out += "\n\n" + md_table(["server", "logged error", "log lines"], logged)
-    return out
+def server_errors(log: Path) -> dict[str, int]:
+    """The exceptions a server logged, with how often: a server that drops a stream says why only in its log."""
+    import re
 
-
-def latency_figure(r: dict):
-    """Median time to the complete tool call per tool-list size, per server and mode (a size where every request
-    failed gets a red mark, never a zero)."""
-    if not r.get("servers"):
-        return None
-    fig, ax = pyplot().subplots(figsize=(8, 5))
-    failed: dict[int, list[str]] = {}
-    for name, s in r["servers"].items():
-        for mode, sizes in s["modes"].items():
-            ns = sorted(sizes, key=int)
-            pts = [(int(n), sizes[n]["complete_ms"]) for n in ns if sizes[n]["complete_ms"] is not None]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=f"{name} {mode}: complete call")
-            pts = [(int(n), sizes[n]["first_tool_ms"]) for n in ns if sizes[n]["first_tool_ms"] is not None]
-            if pts and mode == "streamed":
-                ax.plot(*zip(*pts), marker="x", linestyle="--", label=f"{name} {mode}: first tool-call byte")
-            for n in ns:
-                if sizes[n]["complete_ms"] is None:
-                    failed.setdefault(int(n), []).append(f"{name} {mode.replace('_', '-')}")
-    for n, who in failed.items():  # one mark per size listing every variant without a call
-        ax.scatter([n], [50], marker="v", color="red", zorder=3)
-        ax.annotate("no call:\n" + "\n".join(who), (n, 55), fontsize=6, color="red", ha="center", va="bottom")
-    ax.set(xscale="log", yscale="log", xlabel="tools in the request", ylabel="ms (median)",
-           title="Tool call over HTTP: nexus serve vs llama_cpp.server (same GGUF)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    return fig
-
-
-FIGURES = (Figure("serve.png", latency_figure),)
+    counts: dict[str, int] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.match(r"^(?:\s*\|\s*)?([A-Za-z_.]*(?:Error|Exception)): (.+)$", line)
+        if m:
+            key = re.sub(r"\(\d+\)", "(N)", f"{m.group(1)}: {m.group(2)}")[:200]
+            counts[key] = counts.get(key, 0) + 1
+    return counts

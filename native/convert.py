@@ -44,3 +44,29 @@ def convert(model: str | None, out_dir: str | os.PathLike) -> Path:
         "add_bos_token": tok.add_bos}, indent=2))
     return out
 
+
+def converted_folder(model: str | None) -> Path:
+    """`model` (a GGUF) as a model folder cached in the Nexus home (`models/mlx/<fingerprint>`), converted on first use;
+    a folder is written under a temporary name and renamed, so a half-written one is never found."""
+    import shutil
+    import tempfile
+
+    from native.model_files import fingerprint, models_dir
+
+    src = resolve_model(model)
+    if src.format != "gguf":
+        return Path(src.path)
+    target = models_dir() / "mlx" / fingerprint(src.path)
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+    try:
+        convert(src.path, tmp)
+        tmp.rename(target)
+    except OSError:
+        if not (target / "config.json").is_file():  # not another process's finished folder
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -68,6 +68,22 @@ def test_hf_directory_matches_gguf(mlx_backend, tmp_path):
     np.testing.assert_allclose(a, b, atol=2e-3, rtol=0)
 
 
+def test_converted_folder_is_cached_in_the_home_by_fingerprint(nexus_home):
+    """The folder mlx_lm.server is given for a GGUF (`native.mlx_peer`): converted once into
+    models/mlx/<fingerprint> of the Nexus home; asked again, the same folder, not rewritten."""
+    from native.convert import converted_folder
+    from native.model_files import fingerprint
+
+    first = converted_folder("smollm2")
+    assert first == nexus_home / "models" / "mlx" / fingerprint(default_model_path())
+    assert {p.name for p in first.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json",
+                                                  "tokenizer_config.json"}
+    written = (first / "model.safetensors").stat().st_mtime_ns
+    assert converted_folder(default_model_path()) == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == written
+    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no temporary folder left beside it
+
+
 def test_quantized_weights_load_and_match_float32(mlx_backend):
     """The Metal path keeps GGUF weights quantized, each module with its own bits (SmolLM2's Q4_1 file holds a
     Q8_0 embedding): on the CPU it loads too and gives the float32 path's logits within rounding."""

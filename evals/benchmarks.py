@@ -16,7 +16,19 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from evals import agent, arguments, backends, decide, eviction, eviction_report, routing, scan, serve, splice
+from evals import (
+    agent,
+    arguments,
+    backends,
+    decide,
+    eviction,
+    eviction_report,
+    routing,
+    scan,
+    serve,
+    serve_cold,
+    splice,
+)
 from evals.render import Figure
 
 SIZES = ("full", "quick", "tiny")
@@ -144,6 +156,16 @@ BENCHMARKS: list[Benchmark] = [
                     "--requests", "2", "--turns", "3", "--clients", "4"),
         tiny_plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--sizes", "10",
                    "--requests", "1", "--servers", "nexus", "--model", "smollm2", "--turns", "2", "--clients", "2")),
+    Benchmark(
+        name="serve_cold", title="Cold start of `nexus serve`",
+        blurb="A tool list no server has seen (the first N catalogue tools in a fresh Nexus home): the first "
+              "request, the same list again, and the first request after a restart on the same home (its "
+              "embedding store). Targets: a cold 1,000-tool list ready in <= 10 s, after a restart <= 1 s.",
+        add_arguments=serve_cold.add_arguments, run=serve_cold.run, table=serve_cold.table,
+        figures=serve_cold.FIGURES,
+        plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--cold-start", "250,1000"),
+        quick_plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--cold-start", "250"),
+        tiny_plan=("--catalog", "{data}/tools.jsonl", "--queries", "{data}/queries.jsonl", "--cold-start", "10")),
     Benchmark(
         name="decide", title="Deciding: the router alone vs the model among the top k",
         blurb="Relevant requests, prompts no tool fits and conversational turns (evals/data/chat_turns.jsonl), "

@@ -1,5 +1,5 @@
 """`nexus eval serve`: the call parser on replies Qwen2.5-Coder-0.5B wrote through llama_cpp.server (its own chat
-template, captured in an eval run), and a tiny real run of the eval (nexus serve and the llama_cpp.server peer on
+template, captured in the committed run), and a tiny real run of the eval (nexus serve and the llama_cpp.server peer on
 SmolLM2: one request at 10 tools, a 2-turn conversation, 2 streaming clients) for its JSON and table."""
 
 from __future__ import annotations
@@ -10,32 +10,37 @@ import pytest
 
 from evals.serve_calls import parse_text_call
 
-QWEN_TAGGED = ('<tool_call>\n{"name": "get_synthetic_locations", "arguments": {"count": 5, "region": "Europe"}}\n'
-               '</tool_call>')
+# What Qwen2.5-Coder-0.5B wrote through llama_cpp.server in the committed run (evals/report/serve.json): a fenced
+# call, a bare call, and a bare call whose arguments are a JSON string; none used the template's <tool_call> tags.
+FENCED = ('```json\n{\n  "name": "bank_account.transfer",\n  "arguments": {\n    "from_account": "123123",\n'
+          '    "to_account": "123144",\n    "amount": 30\n  }\n}\n```')
+BARE = '{"name": "identify_bird", "arguments": {"color": "green", "habitat": "forest", "size": "small"}}'
+BARE_STRING_ARGS = ('{"name": "Travel_1_FindAttractions", "arguments": "{\\"category\\": \\"Museum\\", '
+                    '\\"free_entry\\": false}"}')
+CUT = ('```json\n{\n  "name": "SQLCompletionAnalyzer.makeProposalsFromObject",\n  "arguments": {\n    "object": {\n'
+       '      "name": "Customers",\n      "properties": {\n        "id": {\n')  # max_tokens ran out
 
 
-def test_a_tagged_call_gives_name_arguments_and_span():
-    text = "Sure.\n" + QWEN_TAGGED + "\nDone"
+def test_calls_qwen_wrote_are_read_with_their_span():
+    call = parse_text_call(FENCED)
+    assert call.name == "bank_account.transfer" and (call.start, call.end) == (0, len(FENCED))
+    assert json.loads(call.arguments) == {"from_account": "123123", "to_account": "123144", "amount": 30}
+    call = parse_text_call(BARE + "\n")
+    assert call.name == "identify_bird" and call.end == len(BARE)
+    assert json.loads(call.arguments) == {"color": "green", "habitat": "forest", "size": "small"}
+    assert json.loads(parse_text_call(BARE_STRING_ARGS).arguments) == {"category": "Museum", "free_entry": False}
+    cut = parse_text_call(CUT)  # a call that never closed: bad JSON, no name
+    assert cut is not None and cut.name is None and cut.arguments is None
+
+
+def test_the_templates_tagged_call_and_text_without_a_call():
+    tagged = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    text = "Sure.\n" + tagged + "\nDone"
     call = parse_text_call(text)
-    assert call.name == "get_synthetic_locations"
-    assert json.loads(call.arguments) == {"count": 5, "region": "Europe"}
-    assert text[call.start:call.end] == QWEN_TAGGED
-
-
-def test_fenced_and_bare_calls_and_string_arguments():
-    fenced = 'Here it is:\n```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```'
-    assert (parse_text_call(fenced).name, json.loads(parse_text_call(fenced).arguments)) == ("add", {"a": 1, "b": 2})
-    bare = '{"name": "add", "arguments": "{\\"a\\": 1}"} and then some text'
-    call = parse_text_call(bare)
-    assert call.name == "add" and json.loads(call.arguments) == {"a": 1} and bare[call.end:] == " and then some text"
+    assert (call.name, json.loads(call.arguments), text[call.start:call.end]) == ("add", {"a": 1, "b": 2}, tagged)
     assert parse_text_call('{"name": "add", "parameters": {"a": 1}}').arguments == '{"a": 1}'
-
-
-def test_text_without_a_call_and_broken_calls():
     assert parse_text_call("The weather in Paris is sunny.") is None
     assert parse_text_call('The answer is {"a": 1} in JSON.') is None  # JSON inside an answer is not a call
-    truncated = parse_text_call('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b"')  # max_tokens cut it
-    assert truncated is not None and truncated.name is None and truncated.arguments is None
     no_args = parse_text_call('<tool_call>\n{"name": "add", "arguments": "not json"}\n</tool_call>')
     assert no_args.name == "add" and no_args.arguments is None
 
@@ -48,7 +53,8 @@ def test_tiny_run_json_and_table(routing_data, capsys):
 
     p = argparse.ArgumentParser()
     serve.add_arguments(p)
-    args = p.parse_args(["--catalog", str(routing_data / "tools.jsonl"), "--queries", str(routing_data / "queries.jsonl"),
+    data = routing_data
+    args = p.parse_args(["--catalog", str(data / "tools.jsonl"), "--queries", str(data / "queries.jsonl"),
                          "--model", "smollm2", "--servers", "nexus,llama_cpp", "--sizes", "10", "--requests", "1",
                          "--turns", "2", "--clients", "2", "--n-ctx", "4096", "--max-tokens", "64", "--timeout", "120"])
     r = serve.run(args)

@@ -25,6 +25,7 @@ class Capture:
     n_prompt: int  # tokens before the answer steps
     scale: float = 0.0  # the model's attention scale (0: D ** -0.5)
     windows: tuple[int, ...] = ()  # per layer sliding window (0 / (): global)
+    softcap: float = 0.0  # the model's attention soft-cap (0: none)
 
     def layer(self, li: int) -> tuple[float, int]:
         """(scale, window) of layer li."""
@@ -42,7 +43,7 @@ def capture(backend, ids: list[int], n_prompt: int) -> Capture:
     k, v = s.cache.export(np.arange(len(ids)))
     q = np.stack([np.concatenate(qs[i], axis=1) for i in range(len(qs))])
     s.close()
-    return Capture(q, k, v, n_prompt, backend.info.scale, backend.info.windows)
+    return Capture(q, k, v, n_prompt, backend.info.scale, backend.info.windows, backend.info.attn_softcap)
 
 
 def replay(cap: Capture, policy: Policy, budget: float, steps: int = 6, block: int = 32, sinks: int = 4,
@@ -65,14 +66,15 @@ def replay(cap: Capture, policy: Policy, budget: float, steps: int = 6, block: i
     for li in range(L):
         k, v, q = cap.k[li], cap.v[li], cap.q[li]
         scale, win = cap.layer(li)
+        sc = cap.softcap
         acc = None
         if "history" in policy.needs and h2o:
             acc = np.zeros((hkv, n))
             for c0 in range(0, n, 256):  # accumulated attention of every prompt query, in chunks
                 qq = q[:, c0 : c0 + 256]
-                a = attention_weights(qq, k[:, :n], scale, np.arange(c0, c0 + qq.shape[1]), pos, win)
+                a = attention_weights(qq, k[:, :n], scale, np.arange(c0, c0 + qq.shape[1]), pos, win, softcap=sc)
                 acc += a.sum(1).reshape(hkv, g, n).mean(1)
-        obs = Observation(k[:, :n], v[:, :n], pos, q[:, n - window : n], pos[n - window :], acc, scale, win)
+        obs = Observation(k[:, :n], v[:, :n], pos, q[:, n - window : n], pos[n - window :], acc, scale, win, sc)
         scores = policy.score(obs)  # (Hkv, n)
         keep, pi = policy.select(scores, prot, k_blocks, ids, rng)
         kept[li] = keep
@@ -83,19 +85,20 @@ def replay(cap: Capture, policy: Policy, budget: float, steps: int = 6, block: i
             for h in range(H):
                 kh = h // g
                 full = attention_weights(q[h : h + 1, qp : qp + 1], k[kh : kh + 1, : qp + 1], scale, np.array([qp]),
-                                         everyone[: qp + 1], win)[0, 0]
+                                         everyone[: qp + 1], win, softcap=sc)[0, 0]
                 y = full @ v[kh, : qp + 1]
                 sel = np.concatenate([keep[kh], np.ones(t + 1, bool)]) & vis
                 b = attention_weights(q[h : h + 1, qp : qp + 1], k[kh : kh + 1, : qp + 1][:, sel], scale,
                                       np.array([qp]), everyone[: qp + 1][sel], win,
-                                      np.concatenate([bias[kh], np.zeros(t + 1)])[None, sel])[0, 0]
+                                      np.concatenate([bias[kh], np.zeros(t + 1)])[None, sel], sc)[0, 0]
                 ye = b @ v[kh, : qp + 1][sel]
                 errs[li, h, t] = np.linalg.norm(ye - y) / (np.linalg.norm(y) + 1e-12)
                 if h in cert_heads and policy.offset:
                     p = np.concatenate([pi[kh], np.ones(t + 1)])[sel]
                     unit = np.concatenate([np.where(pi[kh] < 1, ids, -1), np.full(t + 1, -1)])[sel]
                     certs[li, cert_heads.index(h), t] = certify_cell(q[h, qp], k[kh, : qp + 1][sel],
-                                                                     v[kh, : qp + 1][sel], p, unit, delta, scale)[0]
+                                                                     v[kh, : qp + 1][sel], p, unit, delta, scale,
+                                                                     sc)[0]
     return errs, certs, kept
 
 

@@ -48,6 +48,7 @@ class ModelInfo:
     attn_scale: float = 0.0  # attention logit scale; 0: head_dim ** -0.5
     windows: tuple[int, ...] = ()  # per layer: sliding-window length in tokens, 0 = global; (): all global
     rope_bases: tuple[float, ...] = ()  # per layer; (): all `rope_base`
+    attn_softcap: float = 0.0  # > 0: scores are soft-capped before the softmax (`native.models.attention.soft_cap`)
 
     @property
     def scale(self) -> float:

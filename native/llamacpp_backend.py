@@ -22,6 +22,7 @@ from llama_cpp import llama_cpp as C
 
 from native.base import BackendError, KVRange, KVSession, ModelError, ModelInfo, as_token_list
 from native.gguf_header import read_gguf_header
+from native.llamacpp_state import set_v_layout
 from native.model_files import fingerprint, resolve_model
 from native.registry import BACKENDS, list_backends
 from native.tokenizer import tokenizer_from_gguf
@@ -123,10 +124,12 @@ class LlamaCppBackend:
         if rope_type == C.LLAMA_ROPE_TYPE_NONE:
             self.capabilities = replace(self.capabilities, can_splice=False)
 
-    def new_session(self, n_ctx: int | None = None, n_batch: int = 512) -> "LlamaCppSession":
+    def new_session(self, n_ctx: int | None = None, n_batch: int = 512, flash_attn: bool = False
+                    ) -> "LlamaCppSession":
+        """`flash_attn`: run llama.cpp's flash attention, which also stores V untransposed (see the session)."""
         if not self._model:
             raise BackendError("the llama.cpp backend is closed")
-        return LlamaCppSession(self, n_ctx or min(self.info.n_ctx_train, 8192), n_batch)
+        return LlamaCppSession(self, n_ctx or min(self.info.n_ctx_train, 8192), n_batch, flash_attn)
 
     def close(self) -> None:
         if getattr(self, "_model", None):
@@ -143,13 +146,15 @@ class LlamaCppSession(KVSession):
     `recompute_kv` is the protocol's default (recomputes nothing): cached cells cannot be rewritten in place.
     """
 
-    def __init__(self, backend: LlamaCppBackend, n_ctx: int, n_batch: int = 512):
+    def __init__(self, backend: LlamaCppBackend, n_ctx: int, n_batch: int = 512, flash_attn: bool = False):
         self.backend, self.info, self.n_ctx, self.n_batch = backend, backend.info, n_ctx, n_batch
+        self.flash_attn = flash_attn
         cp = C.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, n_batch, n_batch
         cp.n_threads, cp.n_threads_batch = backend.n_threads, backend.n_threads_batch
         cp.n_seq_max, cp.kv_unified = 2, True
-        cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED  # the KV state layout depends on this: keep it fixed
+        # Fixed per session, never "auto": the KV state layout depends on it (V is stored transposed without it)
+        cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         # Sliding-window models: keep every layer's cells (the window is a mask), so removing, shifting and
         # exporting positions behind the window work as on any other model.
         cp.swa_full = True
@@ -242,11 +247,26 @@ class LlamaCppSession(KVSession):
         self._shift_pending = False
 
     def _layout(self) -> dict:
-        return {"backend": "llamacpp", "fingerprint": self.info.fingerprint, "flash_attn": False, "kv_unified": True}
+        return {"backend": "llamacpp", "fingerprint": self.info.fingerprint, "flash_attn": self.flash_attn,
+                "kv_unified": True}
+
+    def _own_layout(self, kv: KVRange) -> bytes:
+        """kv's state blob in this session's layout: a state saved with flash attention on (V per cell) or off
+        (V transposed) has its V rewritten in the other order (`native.llamacpp_state`); any other difference
+        raises BackendError."""
+        if kv.blob is None:
+            raise BackendError("this KV range has no llama.cpp state (was it exported by another backend?)")
+        mine = self._layout()
+        if not kv.meta or kv.meta == mine:
+            return kv.blob
+        if {**kv.meta, "flash_attn": self.flash_attn} != mine:
+            raise BackendError(f"KV range layout {kv.meta} does not match this session {mine}")
+        return set_v_layout(kv.blob, transposed=not self.flash_attn)
 
     def import_kv(self, kv: KVRange, span: tuple[int, int] | None = None, rotate: bool = True) -> None:
         """Load a state blob into the scratch sequence, shift it to `n_past`, then share it with the live one.
 
+        A blob saved by a session with the other `flash_attn` setting is converted to this one's V layout first.
         `span` = (a, b) imports only the entries kv[a:b] (indices into the range, not positions); entry a lands
         at `n_past`. Used by splice repair (a re-decoded head or suffix is decoded as text instead).
         `rotate=False` raises BackendError: llama.cpp re-rotates the keys of every shifted cell.
@@ -255,18 +275,15 @@ class LlamaCppSession(KVSession):
             raise BackendError("llama.cpp cannot import a KV range without re-anchoring it (no can_skip_reanchor): "
                                "shifting cells re-rotates their keys; measure a bare splice on "
                                f"{' or '.join(list_backends(can_skip_reanchor=True))}")
-        if kv.blob is None:
-            raise BackendError("this KV range has no llama.cpp state (was it exported by another backend?)")
-        if kv.meta and kv.meta != self._layout():
-            raise BackendError(f"KV range layout {kv.meta} does not match this session {self._layout()}")
+        blob = self._own_layout(kv)
         a, b = span if span is not None else (0, len(kv))
         if not 0 <= a < b <= len(kv):
             raise BackendError(f"span {span} is outside this KV range of {len(kv)} entries")
         n = b - a
         if self.n_past + n > self.n_ctx:
             raise BackendError(f"context full: {self.n_past} + {n} tokens > n_ctx={self.n_ctx}")
-        buf = (ctypes.c_uint8 * len(kv.blob)).from_buffer_copy(kv.blob)
-        if C.llama_state_seq_set_data(self._ctx, buf, len(kv.blob), SCRATCH) == 0:
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        if C.llama_state_seq_set_data(self._ctx, buf, len(blob), SCRATCH) == 0:
             raise BackendError("llama.cpp rejected the KV state (layout or model mismatch)")
         p0, p1 = int(kv.positions[a]), int(kv.positions[b - 1]) + 1
         if a > 0:

@@ -169,5 +169,5 @@ def model_info(src: ModelSource, args: ModelArgs) -> ModelInfo:
         n_layers=args.n_layers, n_heads=args.n_heads, n_kv_heads=args.n_kv_heads, head_dim=args.head_dim,
         d_model=args.d_model, vocab_size=args.vocab_size, n_ctx_train=args.n_ctx_train, rope_base=rope.base,
         rope_traditional=rope.traditional, rms_eps=args.rms_eps, attn_scale=args.scale, windows=args.windows,
-        rope_bases=tuple(r.base for r in args.ropes),
+        rope_bases=tuple(r.base for r in args.ropes), attn_softcap=args.attn_softcap,
     )

@@ -33,7 +33,8 @@ class TinySpec:
     qk_norm: bool = False
     untied: bool = False
     llama3_rope: bool = False  # write per-pair `rope_freqs` factors (Llama 3 scaling)
-    window: int = 0  # gemma3: sliding window of its local layers
+    window: int = 0  # gemma2, gemma3: sliding window of their local layers
+    softcaps: tuple[float, float] = (0.0, 0.0)  # gemma2: attention and final logit soft-caps
     extra: dict = field(default_factory=dict)
 
 
@@ -44,6 +45,9 @@ SPECS = {
     "qwen3": TinySpec("qwen3", qk_norm=True, head_dim=32, rope_base=1e6),
     "gemma3": TinySpec("gemma3", vocab="spm", n_layers=6, n_kv_heads=1, head_dim=32, qk_norm=True, window=16,
                        rope_base=1e6),
+    # caps small enough to bite on random weights (Gemma 2's own are 50 and 30): scores here reach about 6,
+    # logits about 9 (capped to about 7), so a model that skipped either cap would not agree with llama.cpp
+    "gemma2": TinySpec("gemma2", vocab="spm", n_layers=4, n_kv_heads=2, head_dim=32, window=16, softcaps=(4.0, 10.0)),
 }
 
 
@@ -87,6 +91,9 @@ def write_tiny_gguf(path, spec: TinySpec, vocab_path: str, seed: int = 0) -> str
     w.add_layer_norm_rms_eps(1e-6)
     if spec.window:
         w.add_sliding_window(spec.window)
+    if any(spec.softcaps):
+        w.add_attn_logit_softcapping(spec.softcaps[0])
+        w.add_final_logit_softcapping(spec.softcaps[1])
     _copy_vocab(w, meta)
 
     def dense(*shape):
@@ -121,7 +128,7 @@ def write_tiny_gguf(path, spec: TinySpec, vocab_path: str, seed: int = 0) -> str
         w.add_tensor(b + "ffn_gate.weight", dense(spec.d_ff, d))
         w.add_tensor(b + "ffn_up.weight", dense(spec.d_ff, d))
         w.add_tensor(b + "ffn_down.weight", dense(d, spec.d_ff))
-        if spec.arch == "gemma3":
+        if spec.arch in ("gemma2", "gemma3"):
             w.add_tensor(b + "post_attention_norm.weight", norm(d))
             w.add_tensor(b + "post_ffw_norm.weight", norm(d))
     w.write_header_to_file()

@@ -19,7 +19,7 @@ from native.base import ModelError
 ARCHITECTURES = {
     "llama": "llama", "mistral": "llama",
     "qwen2": "qwen2", "qwen3": "qwen3",
-    "gemma3": "gemma3", "gemma3_text": "gemma3",
+    "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3",
 }
 
 

@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from native.base import ModelError
+from native.models.attention import soft_cap
 from native.models.rope import Rope, llama3_factors, rope_from_factors
 
 
@@ -34,6 +35,8 @@ class ModelArgs:
     rms_eps: float = 1e-5
     tie_embeddings: bool = True
     n_ctx_train: int = 4096
+    attn_softcap: float = 0.0  # > 0: attention scores pass through soft_cap (Gemma 2)
+    final_softcap: float = 0.0  # > 0: so do the output logits
     extra: dict = field(default_factory=dict)  # architecture-specific settings (e.g. qkv bias)
 
     def __post_init__(self):
@@ -229,10 +232,9 @@ class CausalLM(nn.Module):
         return self.model.norm(h)
 
     def logits(self, h: mx.array) -> mx.array:
-        """(B, T, d_model) -> (B, T, vocab)."""
-        if self.args.tie_embeddings:
-            return self.model.embed_tokens.as_linear(h)
-        return self.lm_head(h)
+        """(B, T, d_model) -> (B, T, vocab), soft-capped when the model caps its logits."""
+        logits = self.model.embed_tokens.as_linear(h) if self.args.tie_embeddings else self.lm_head(h)
+        return soft_cap(logits, self.args.final_softcap)
 
     def shift_keys(self, keys: mx.array, delta: int) -> mx.array:
         """Re-anchor post-RoPE keys (L, Hkv, T, D) by `delta` positions, each layer with its own RoPE."""

@@ -60,7 +60,7 @@ class Attention(nn.Module):
         if self.qk_norm:  # Gemma's norms weigh by 1 + w (`norm_offset`)
             self.q_norm = RMSNorm(d, args.rms_eps, args.extra.get("norm_offset", 0.0))
             self.k_norm = RMSNorm(d, args.rms_eps, args.extra.get("norm_offset", 0.0))
-        self.rope, self.scale = args.ropes[layer], args.scale
+        self.rope, self.scale, self.softcap = args.ropes[layer], args.scale, args.attn_softcap
 
     def project(self, x: mx.array, pos) -> tuple[mx.array, mx.array, mx.array]:
         """Rotated q (B, H, T, D), k and v (B, Hkv, T, D) of normed inputs x (B, T, d) at positions `pos`."""
@@ -73,7 +73,7 @@ class Attention(nn.Module):
 
     def __call__(self, x: mx.array, pos, layer_cache) -> mx.array:
         q, k, v = self.project(x, pos)
-        return self.o_proj(merge_heads(attend(q, k, v, layer_cache, pos, self.scale)))
+        return self.o_proj(merge_heads(attend(q, k, v, layer_cache, pos, self.scale, self.softcap)))
 
 
 class TransformerBlock(nn.Module):

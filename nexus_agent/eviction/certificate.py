@@ -20,12 +20,13 @@ from native.models.attention import attention_logits
 
 
 def certify_cell(q: np.ndarray, keys: np.ndarray, values: np.ndarray, pi: np.ndarray, unit: np.ndarray,
-                 delta: float = 0.1, scale: float = 0.0) -> tuple[float, np.ndarray, np.ndarray]:
+                 delta: float = 0.1, scale: float = 0.0, softcap: float = 0.0
+                 ) -> tuple[float, np.ndarray, np.ndarray]:
     """q (D,), keys/values (N, D) retained and visible to q, pi (N,), unit (N,) sampling unit id (-1: π = 1),
-    `scale` the attention scale (0: D ** -0.5). Returns (cert, ŷ (D,), per-token variance contribution (N,), the
-    unit's term spread over its tokens)."""
+    `scale` the attention scale (0: D ** -0.5), `softcap` its soft-cap (0: none). Returns (cert, ŷ (D,),
+    per-token variance contribution (N,), the unit's term spread over its tokens)."""
     q, keys, values = (x.astype(np.float64) for x in (q, keys, values))
-    logits = attention_logits(q[None, None], keys[None], scale)[0, 0]
+    logits = attention_logits(q[None, None], keys[None], scale, softcap)[0, 0]
     a = np.exp(logits - logits.max()) / pi
     n_hat = a.sum()
     y_hat = a @ values / n_hat

@@ -69,6 +69,6 @@ class Certifier(Part):
             vis = visible(qpos[t : t + 1], lk.positions, lk.window)[0]
             for h in range(0, qs.shape[0], self.head_stride):
                 cert, _, contrib = certify_cell(qs[h, t], keys[h // g, vis], values[h // g, vis], s.pi[vis],
-                                                s.unit[vis], self.delta, s.info.scale)
+                                                s.unit[vis], self.delta, s.info.scale, s.info.attn_softcap)
                 self.cells.setdefault(int(qpos[t]), []).append(cert)
                 self.var_contrib[np.nonzero(vis)[0]] += contrib

@@ -114,7 +114,8 @@ class DiskTier(Part):
             k, _ = layer.view()
             keys = np.concatenate([k_sp[li], np.array(k[0].astype(mx.float32))], axis=1)  # spilled, then retained
             kpos = np.concatenate([np.asarray(avail, np.int64), layer.positions])
-            w = attention_weights(q, keys, s.info.scale, qpos, kpos, layer.window)  # (H, W, T + S)
+            w = attention_weights(q, keys, s.info.scale, qpos, kpos, layer.window,
+                                  softcap=s.info.attn_softcap)  # (H, W, T + S)
             peak = np.maximum(peak, w[:, :, : len(avail)].max(axis=(0, 1)))
         return peak
 

@@ -15,8 +15,8 @@ from nexus_agent.eviction.part import Part
 
 
 class AttentionHistory(Part):
-    def __init__(self, n_layers: int, n_kv_heads: int, scale: float):
-        self.scale = scale  # the model's attention scale
+    def __init__(self, n_layers: int, n_kv_heads: int, scale: float, softcap: float = 0.0):
+        self.scale, self.softcap = scale, softcap  # the model's attention scale and soft-cap
         self.h2o: list[np.ndarray] = [np.zeros((n_kv_heads, 0)) for _ in range(n_layers)]
         self.n = 0  # slots at the last `sync`: what each layer's row is padded to before a compaction
 
@@ -26,7 +26,7 @@ class AttentionHistory(Part):
     def on_query(self, layer: int, q: mx.array, qpos: np.ndarray) -> None:
         lk = self.session.cache.layers[layer]
         keys, _ = lk.view()
-        att = attention_weights_mx(q[0], keys[0], self.scale, lk.mask(qpos)[0]).sum(1)  # (H, S)
+        att = attention_weights_mx(q[0], keys[0], self.scale, lk.mask(qpos)[0], self.softcap).sum(1)  # (H, S)
         g = q.shape[1] // keys.shape[1]
         acc = np.array(att.reshape(keys.shape[1], g, -1).mean(1))  # (Hkv, S)
         old = self.h2o[layer]

@@ -34,6 +34,7 @@ class Observation:
     h2o: np.ndarray | None = None
     scale: float = 0.0
     window: int = 0
+    softcap: float = 0.0  # the model's attention soft-cap (0: none)
 
     @property
     def group(self) -> int:
@@ -41,7 +42,8 @@ class Observation:
 
     def attention(self) -> np.ndarray:
         """The model's softmax attention of the buffered queries, (H, W, N), rows sum to 1."""
-        return attention_weights(self.queries, self.keys, self.scale, self.qpos, self.positions, self.window)
+        return attention_weights(self.queries, self.keys, self.scale, self.qpos, self.positions, self.window,
+                                 softcap=self.softcap)
 
     def head_mean(self, per_query_head: np.ndarray) -> np.ndarray:
         """Average (H, ...) over the query heads of each KV group -> (Hkv, ...)."""

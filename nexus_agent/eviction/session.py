@@ -57,7 +57,7 @@ class EvictingSession:
         self._buffered = [0] * self.info.n_layers  # query tokens in each layer's buffer
         self.evict_ms: list[float] = []
         info = self.info
-        self.history = AttentionHistory(info.n_layers, info.n_kv_heads, info.scale) \
+        self.history = AttentionHistory(info.n_layers, info.n_kv_heads, info.scale, info.attn_softcap) \
             if "history" in policy.needs else None
         self.certifier = Certifier(cert_steps, cert_head_stride, delta)
         self.disk = DiskTier(SpillFile(spill_path, info.n_layers, info.n_kv_heads, info.head_dim), self.certifier,
@@ -192,7 +192,8 @@ class EvictingSession:
             q, qp = self.window(li)
             obs = Observation(np.array(k[0].astype(mx.float32)),
                               np.array(v[0].astype(mx.float32)) if "values" in policy.needs else None, pos, q, qp,
-                              self.history.h2o[li] if self.history else None, self.info.scale, self.info.window(li))
+                              self.history.h2o[li] if self.history else None, self.info.scale, self.info.window(li),
+                              self.info.attn_softcap)
             s = policy.score(obs)  # (Hkv, N)
             s = s - s.min(1, keepdims=True)
             agg += (s / (s.sum(1, keepdims=True) + 1e-30)).mean(0)

@@ -142,7 +142,7 @@ def table(r: dict) -> str:
             for n, x in sorted((r.get("cold_start") or {}).items(), key=lambda kv: int(kv[0]))]
     return md_table(["tools", "embedded (cold)", "cold list ready (ms)", "cold request (ms)", "same list again (ms)",
                      "embedded (restart)", "restart list ready (ms)", "restart request (ms)"], rows) + \
-        f"\n\nthreads: {r.get('threads')}"
+        f"\n\nEmbedder threads: {r.get('threads')} (the run's NEXUS_THREADS or OMP_NUM_THREADS; 1: one core)."
 
 
 FIGURES = ()

@@ -38,6 +38,7 @@ import threading
 import time
 from pathlib import Path
 
+from evals import serve_cold
 from evals.serve_calls import FAILURES, chat_request
 from evals.serve_report import FIGURES, _ms, table, targets
 
@@ -66,6 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (then a 'timeout' failure)")
     p.add_argument("--no-peer", action="store_true", help="measure nexus serve only (same as --servers nexus)")
     p.add_argument("--seed", type=int, default=0)
+    serve_cold.add_cold_start_argument(p, default="")  # e.g. --cold-start 1000: JSON "cold_start" (evals.serve_cold)
 
 
 def _free_port() -> int:
@@ -380,6 +382,8 @@ def run(args: argparse.Namespace) -> dict:
                 srv.stop()
             result["restarts"][name] = srv.restarts
             result["server_errors"][name] = server_errors(srv.log)
+    if args.cold_start:  # nexus serve alone: a new tool list, then a restart on the same home
+        result["cold_start"] = serve_cold.run(args)["cold_start"]
     result["targets"] = targets(result)
     print(table(result))
     return result

@@ -56,11 +56,13 @@ def test_crash_hang_and_invalid_output_are_observations_and_session_continues(ag
     if hang.arguments["seconds"] >= 2:  # the model chose a long sleep: the call must be abandoned
         assert hang.observation.status == "timeout" and "did not answer" in hang.observation.text
 
-    agent.config.max_arg_tokens = 2  # the model cannot finish the JSON: invalid output
+    agent.config.max_arg_tokens = 2  # the model cannot finish the JSON even in 4x the budget: a named miss
     bad = agent.call_step(probe_store.get_tool("record_sum"), "record the sum of 1 and 2")
     assert bad.arguments is None and bad.observation.status == "invalid_arguments"
-    assert "not valid JSON" in bad.observation.text
-    assert [e["source"] for e in agent.trace.of("args")][-2:] == ["signature", "full_schema"]
+    assert "missing (the arguments were cut at the token limit)" in bad.observation.text
+    args = agent.trace.of("args")[-2:]
+    assert [e["source"] for e in args] == ["signature", "full_schema"]
+    assert all(e["extended"] and e["tokens"] == 8 for e in args)  # each went on to the larger budget
 
     agent.config.max_arg_tokens = 160  # the same session goes on and serves a normal turn
     turn = agent.run_turn("Record the sum of 5 and 6")

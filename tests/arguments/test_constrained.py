@@ -83,3 +83,31 @@ def test_mlx_backend_same_constraint(mlx_backend):
     finally:
         s.close()
     jsonschema.validate(json.loads(r.text), SCHEMAS[1])
+
+
+def test_a_larger_budget_goes_on_with_the_same_decode(llamacpp_backend):
+    """A document the grammar cannot close within `max_tokens` (eight sizes required, then the id) is cut there;
+    with `extend_to` the same decode goes on (its first tokens are the cut ones: what was streamed stays a
+    prefix) and ends complete and valid."""
+    tok = llamacpp_backend.tokenizer
+    schema = {"type": "object", "properties": {"sizes": {"type": "array", "items": {"type": "string"}, "minItems": 8},
+                                               "product_id": {"type": "string"}}, "required": ["sizes", "product_id"]}
+    ids = tok.encode_chat([{"role": "user", "content": "Check sizes S, M, L and XL of product SK123."}])
+    runs = []
+    for extend_to in (None, 160):
+        s = llamacpp_backend.new_session(1024)
+        try:
+            runs.append(generate_json(s, ids, schema, tok, max_tokens=16, extend_to=extend_to))
+        finally:
+            s.close()
+    cut, extended = runs
+    assert cut.cut and not cut.extended and len(cut.tokens) == 16
+    assert extended.complete and extended.extended and extended.tokens[:16] == cut.tokens, extended.text
+    jsonschema.validate(json.loads(extended.text), schema)
+
+
+def test_grammar_enforces_tells_whether_a_valid_document_can_fail_the_schema():
+    from nexus_agent.arguments.constrained import grammar_enforces
+
+    assert grammar_enforces(SCHEMAS[2])
+    assert not grammar_enforces({"type": "object", "properties": {"ids": {"type": "array", "uniqueItems": True}}})

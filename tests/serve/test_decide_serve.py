@@ -45,3 +45,31 @@ def test_a_fitting_tool_among_250_is_called_with_the_request_values(qwen_client)
     (call,) = calls
     assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_current_time"
     assert json.loads(call.function.arguments) == {"timezone": "Asia/Tokyo"}
+
+
+def test_the_decided_call_streams_its_arguments_while_decoded(qwen_client):
+    client, model = qwen_client
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What time is it in Tokyo right now? Use Asia/Tokyo."}],
+        tools=[ADD, TIME], stream=True)
+    deltas = [c.choices[0] for c in stream if c.choices]
+    calls = [d.delta.tool_calls[0] for d in deltas if d.delta.tool_calls]
+    head, pieces = calls[0], calls[1:]
+    assert head.index == 0 and head.id and head.type == "function" and head.function.name == "get_current_time"
+    assert head.function.arguments == "" and len(pieces) >= 2 and all(p.id is None for p in pieces)
+    assert json.loads("".join(p.function.arguments for p in pieces)) == {"timezone": "Asia/Tokyo"}
+    assert deltas[-1].finish_reason == "tool_calls"
+
+
+def test_a_decided_call_whose_arguments_cannot_validate_is_a_text_answer(qwen_client):
+    client, model = qwen_client
+    email = function("send_email", "Send an email to a recipient with a subject and a body.",
+                     {"type": "object", "properties": {"to": {"type": "string"}, "subject": {"type": "string"},
+                                                       "body": {"type": "string"}},
+                      "required": ["to", "subject", "body"]})
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Email bob@example.com that the meeting moved to 3pm"}],
+        tools=[email, TIME], tool_choice="required", max_tokens=10)
+    choice = r.choices[0]
+    assert not choice.message.tool_calls and choice.finish_reason == "stop"
+    assert "send_email" in choice.message.content and "'body'" in choice.message.content

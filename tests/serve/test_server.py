@@ -11,7 +11,7 @@ import urllib.request
 
 import jsonschema
 import pytest
-from serve_helpers import ADD, MULTIPLY, catalogue_tools, post, stats, stream_events
+from serve_helpers import ADD, MULTIPLY, catalogue_tools, function, post, stats, stream_events
 
 ASK = [{"role": "user", "content": "Add 12 and 30"}]
 
@@ -51,16 +51,47 @@ def test_a_tool_call_among_250_tools_then_the_answer_from_its_result(client, ser
     assert not final.choices[0].message.tool_calls and final.choices[0].message.content.strip()
 
 
-def test_a_streamed_tool_call_arrives_as_tool_call_deltas(client):
+def test_a_streamed_tool_call_arrives_as_tool_call_deltas_while_decoded(client, serve_url):
     stream = client.chat.completions.create(model="smollm2", messages=ASK, tools=catalogue_tools(49) + [ADD],
                                             stream=True)
     deltas = [c.choices[0] for c in stream if c.choices]
     calls = [d.delta.tool_calls[0] for d in deltas if d.delta.tool_calls]
     head, pieces = calls[0], calls[1:]
-    assert head.id and head.type == "function" and head.function.name == "add" and head.function.arguments == ""
-    assert pieces and all(p.index == 0 and p.id is None for p in pieces)
-    jsonschema.validate(json.loads("".join(p.function.arguments for p in pieces)), ADD["function"]["parameters"])
-    assert deltas[-1].finish_reason == "tool_calls"
+    assert head.index == 0 and head.id and head.type == "function" and head.function.name == "add"
+    assert head.function.arguments == ""
+    assert len(pieces) >= 2 and all(p.index == 0 and p.id is None and p.function.name is None for p in pieces)
+    args = json.loads("".join(p.function.arguments for p in pieces))
+    jsonschema.validate(args, ADD["function"]["parameters"])
+    assert args == {"a": 12, "b": 30} and deltas[-1].finish_reason == "tool_calls"
+    # one piece per decoded token: the SSE events carry the model's own token pieces, not one JSON blob
+    events = stream_events(serve_url, {"model": "smollm2", "messages": ASK, "tools": [ADD]})
+    deltas = [json.loads(e)["choices"][0]["delta"] for e in events[:-1]]
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert calls[0]["function"]["name"] == "add" and all("name" not in c["function"] for c in calls[1:])
+    pieces = [c["function"]["arguments"] for c in calls[1:]]
+    assert len(pieces) >= 6 and "".join(pieces) == json.dumps(args, separators=(",", ":"))
+
+
+EMAIL = function("send_email", "Send an email to a recipient with a subject and a body.",
+                 {"type": "object", "properties": {"to": {"type": "string"}, "subject": {"type": "string"},
+                                                   "body": {"type": "string"}}, "required": ["to", "subject", "body"]})
+MEETING = [{"role": "user", "content": "Email bob@example.com that the meeting moved to 3pm on Friday"}]
+
+
+def test_arguments_that_cannot_validate_get_a_text_answer_naming_the_missing_value(client):
+    # 12 tokens cannot hold the three required strings: the policy (signature, larger budget, full schema) ends in
+    # a text answer that names what is missing, HTTP 200, never a server error
+    r = client.chat.completions.create(model="smollm2", messages=MEETING, tools=[EMAIL], tool_choice="required",
+                                       max_tokens=12)
+    choice = r.choices[0]
+    assert not choice.message.tool_calls and choice.finish_reason == "stop"
+    assert "send_email" in choice.message.content and "'body' " in choice.message.content
+    assert "missing" in choice.message.content
+    streamed = client.chat.completions.create(model="smollm2", messages=MEETING, tools=[EMAIL],
+                                              tool_choice="required", max_tokens=12, stream=True)
+    deltas = [c.choices[0] for c in streamed if c.choices]
+    text = "".join(d.delta.content or "" for d in deltas)
+    assert "'body' " in text and deltas[-1].finish_reason == "length"  # the call streamed so far was cut
 
 
 def test_tool_choice_none_named_and_required(client):

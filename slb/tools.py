@@ -4,6 +4,9 @@ The core takes plain tool records (`ToolEntry`) so it does not depend on the reg
 `name`, `description`, an input schema (`input_schema` or MCP's `inputSchema`) and optionally a
 `schema_hash` becomes one via `as_entry()` (pydantic `registry.model.Tool`, MCP dicts, dataclasses).
 A tool may carry example requests (`examples`): each becomes one more buffer row, embedded like a query.
+Agent frameworks prefix tool names with their server's name (`time_get_current_time`, `mcp_git__git_log`);
+`strip_server_prefixes` gives such entries a `label` without the prefix, which the routing texts use instead
+of the name the client sent.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # what `tool_text` embeds for a tool (see its docstring); compare them with `nexus eval routing --recipe ...`.
@@ -21,25 +24,35 @@ DEFAULT_RECIPE = "schema"
 
 @dataclass(frozen=True)
 class ToolEntry:
-    """One routable tool: name, description, JSON-schema `input_schema`, a content hash of those three, and
-    example requests (one buffer row each; not part of the hash)."""
+    """One routable tool: name, description, JSON-schema `input_schema`, a content hash of those three (and of
+    the label when there is one), example requests (one buffer row each; not part of the hash), and `label`:
+    the name as the routing texts say it, "" for `name` itself (see `strip_server_prefixes`)."""
 
     name: str
     description: str = ""
     input_schema: dict = field(default_factory=dict)
     schema_hash: str = ""
     examples: tuple[str, ...] = ()
+    label: str = ""
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("a tool needs a non-empty name")
         if not self.schema_hash:
-            object.__setattr__(self, "schema_hash", hash_tool(self.name, self.description, self.input_schema))
+            object.__setattr__(self, "schema_hash",
+                               hash_tool(self.name, self.description, self.input_schema, self.label))
+
+    @property
+    def text_name(self) -> str:
+        """The name the routing texts use: the label, or the name when there is none."""
+        return self.label or self.name
 
 
-def hash_tool(name: str, description: str, input_schema: dict) -> str:
-    """sha256 hex of the canonical JSON of (name, description, input_schema)."""
-    blob = json.dumps([name, description or "", input_schema or {}], sort_keys=True, separators=(",", ":"))
+def hash_tool(name: str, description: str, input_schema: dict, label: str = "") -> str:
+    """sha256 hex of the canonical JSON of (name, description, input_schema), with the label appended when it
+    differs from the name (the routing text changes with it, so the embedding keyed by this hash does too)."""
+    content = [name, description or "", input_schema or {}] + ([label] if label and label != name else [])
+    blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -52,6 +65,40 @@ def as_entry(tool: Any) -> ToolEntry:
     examples = get("examples") or ()
     return ToolEntry(str(get("name")), get("description") or "", dict(schema), get("schema_hash") or "",
                      tuple(str(e) for e in examples if str(e).strip()) if isinstance(examples, (list, tuple)) else ())
+
+
+_NAMESPACE = re.compile(r".*[A-Za-z0-9]__+([A-Za-z0-9].*)")  # greedy: the tail after the last "__"
+_LEADING = re.compile(r"([A-Za-z0-9]+)[_.\-/:]+(?=[A-Za-z0-9])")
+
+
+def server_prefix_labels(names: list[str]) -> list[str]:
+    """The names of one request's tools without the server prefixes agent frameworks add, for routing texts.
+
+    Two kinds of prefix go: a namespace ending in a double underscore (`mcp_time__convert_time`, as the OpenAI
+    Agents SDK and others write it: the part after the last `__` is the tool's own name), and a leading word
+    that a group of at least two of the tools share and that each of them repeats later in its name
+    (pydantic-ai's `time_convert_time`, `git_git_show`), dropped as often as that holds. A repeated word is
+    dropped only where it appears again, so no word of the name leaves the text and a server's own names
+    (`git_show`, `git_log`: "git" shared but not repeated) are kept as they are.
+    """
+    labels = [m.group(1) if (m := _NAMESPACE.fullmatch(n)) else n for n in names]
+    while True:
+        lead = [(m.group(1).lower(), n[m.end():]) if (m := _LEADING.match(n)) else None for n in labels]
+        shared = {w for w in (x[0] for x in lead if x) if sum(1 for x in lead if x and x[0] == w) >= 2}
+        new = [x[1] if x and x[0] in shared and x[0] in _split_identifier(x[1]).lower().split() else n
+               for n, x in zip(labels, lead)]
+        if new == labels:
+            return labels
+        labels = new
+
+
+def strip_server_prefixes(entries: list[ToolEntry]) -> list[ToolEntry]:
+    """`entries` (one request's tools) with a `label` where `server_prefix_labels` drops a prefix from the
+    name; the name the client sent stays the entry's name (routes answer with it)."""
+    labels = server_prefix_labels([e.name for e in entries])
+    return [e if lab == e.name else replace(e, label=lab, schema_hash=hash_tool(e.name, e.description,
+                                                                                e.input_schema, lab))
+            for e, lab in zip(entries, labels)]
 
 
 MAX_EXAMPLE_ROWS = 16  # buffer rows per tool beyond its text: the first 16 distinct examples
@@ -92,7 +139,7 @@ def tool_text(tool: ToolEntry, recipe: str = DEFAULT_RECIPE) -> str:
     """
     if recipe not in TEXT_RECIPES:
         raise ValueError(f"unknown tool text recipe {recipe!r}; choose one of {TEXT_RECIPES}")
-    text = f"{_split_identifier(tool.name)}: {tool.description.strip()}"
+    text = f"{_split_identifier(tool.text_name)}: {tool.description.strip()}"
     if recipe == "name_desc_params":
         params = [_split_identifier(p) for p in param_names(tool.input_schema)[:12]]
         if params:
@@ -126,7 +173,7 @@ def lexical_text(tool: ToolEntry, max_enum: int = 20) -> str:
     """The text BM25 matches a query against (slb.lexical): name words, description, and every schema
     property's name, description and enum values (nested objects and array items too, 4 levels deep): wider
     than the embedded `schema` text, which keeps top-level parameters only."""
-    out = [_split_identifier(tool.name), tool.description or ""]
+    out = [_split_identifier(tool.text_name), tool.description or ""]
 
     def walk(schema: Any, depth: int) -> None:
         if not isinstance(schema, dict) or depth > 4:

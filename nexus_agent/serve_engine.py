@@ -123,9 +123,9 @@ class Engine:
         from slb.buffer import quantize_rows
         from slb.index import ScanIndex
         from slb.router import Router
-        from slb.tools import as_entry
+        from slb.tools import as_entry, strip_server_prefixes
 
-        entries = [as_entry(t) for t in tools]
+        entries = strip_server_prefixes([as_entry(t) for t in tools])  # routing texts without framework prefixes
         key = hashlib.sha256("\n".join(e.schema_hash for e in entries).encode()).hexdigest()
         if key in self.routers:
             self.routers.move_to_end(key)

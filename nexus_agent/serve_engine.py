@@ -8,8 +8,11 @@ embeds nothing it has seen; one stderr line per new tool list says how many were
 a tool list is cached by the list's hashes, so a repeated tool list costs neither an embedding nor an index
 build. The last user message is split into steps (`loop.split_steps`) and each step
 routed (`slb.router.Router`, gate mode: "none" means no call; `tool_choice: "required"` takes the scan's top-1
-anyway; a named function skips routing). Arguments come from `Agent.arguments` (compressed signature prompt,
-llguidance schema grammar, copy bias from the request and earlier tool results, full-schema fallback). A reply
+anyway; a named function skips routing). Arguments come from `arguments.decoder.ArgumentDecoder` (compressed
+signature prompt, llguidance schema grammar, copy bias from the request and earlier tool results, its policy for
+a miss: a larger budget, the full schema, then a text answer naming the missing value, never an error). On a
+streamed request argument pieces are emitted as they are decoded where the decoder says nothing streamed can be
+taken back (`_decide`, `_tool_calls`); other calls are emitted once valid (`_finish_calls`). A reply
 without a tool call (`tool_choice: "none"`, no tool routed, or every step answered by a tool result) is a
 normal answer: `stream_generate` over the conversation rendered with the chat template, optionally under a
 `GrammarMask` for `response_format`. Live contexts are reused by longest common token prefix: one for

@@ -347,7 +347,7 @@ def _concurrent(srv: Server, rows: list[dict], tools: dict, count, args) -> dict
     return {"clients": args.clients, "wall_s": round(time.perf_counter() - t0, 2),
             "call_ms_p99": _p([r["complete_ms"] for r in done if r["failure"] is None], 0.99)} | {
         k: s[k] for k in ("requests", "call_ms_p50", "first_byte_ms_p50", "tool_acc", "args_valid", "failed",
-                          "failures", "errors")}
+                          "failures", "errors")} | {"rows": done}
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -17,6 +17,7 @@ One pass over one live context, in the call format of the model's own template (
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -145,13 +146,16 @@ class Decider:
     # -- one decision -------------------------------------------------------------------------------------
     def decide(self, live, ids: list[int], candidates: list[Candidate], top1: float, margin: float,
                arguments: Callable, tool_choice: str | None = "auto", parallel: bool = False,
-               spans: list[tuple[int, int]] = (), request: str = "") -> tuple:
+               spans: list[tuple[int, int]] = (), request: str = "", made: set[str] = frozenset()) -> tuple:
         """Decide on `live` after the prompt `ids` (`self.prompt(messages, candidates)`, with the candidates'
         `spans` spliced from their blocks when the decider has `blocks`; `request`: the user's words, which
-        parallel calls divide among themselves): (Decision, the ids the context holds,
-        the logits after them). For a text decision the logits are the prompt's, ready for the answer (with
-        `text_mask` first among its processors)."""
+        parallel calls divide among themselves; `made`: the turn's calls so far as `call_key`s): (Decision, the
+        ids the context holds, the logits after them). For a text decision the logits are the prompt's, ready
+        for the answer (with `text_mask` first among its processors). A call that repeats one in `made` is not
+        made again (Qwen2.5-Coder-0.5B, shown a git log's result, calls the same git log again, p_call 0.99, on
+        every further turn); when the first call would, the decision is text."""
         t0 = time.perf_counter()
+        prompt = ids
         if self.blocks is not None and spans and live.manager is None:
             logits, st = self.blocks.prefill(live, ids, spans)
             spliced = st.spliced
@@ -182,6 +186,12 @@ class Decider:
                 d.name_logprobs = lps
             tool = next(c.tool for c in pool if c.name == name)
             args, problem, text = arguments(tool, live, ids, logits)
+            if call_key(name, args) in made and d.how == "model":
+                if d.calls:
+                    break
+                d.kind, logits = "text", live.prefill(prompt)  # the context holds the prompt again
+                d.decide_ms = (time.perf_counter() - t0) * 1e3
+                return d, prompt, logits
             if d.calls and not _new_part(args, d.calls, request):
                 break  # a further call must act on a part of the request no earlier call took (small models
                 # otherwise repeat a call, or call every candidate with the same value)
@@ -232,6 +242,12 @@ class Decider:
                 logits[first] = -np.inf
             return logits
         return mask
+
+
+def call_key(name: str, arguments: dict | None) -> str:
+    """A call as one string: the name and the arguments' canonical JSON (keys sorted, null values left out)."""
+    args = {k: v for k, v in (arguments or {}).items() if v is not None}
+    return name + json.dumps(args, sort_keys=True, ensure_ascii=False)
 
 
 def _leaves(value) -> list:

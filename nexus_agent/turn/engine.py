@@ -15,7 +15,7 @@ from nexus_agent.arguments.constrained import grammar_enforces
 from nexus_agent.arguments.copy_sources import Source
 from nexus_agent.arguments.decoder import budgets, describe_miss
 from nexus_agent.arguments.in_place import decode_in_place
-from nexus_agent.turn.decide import Candidate, Decider, Decision, top_k
+from nexus_agent.turn.decide import Candidate, Decider, Decision, call_key, top_k
 from nexus_agent.turn.retrieval import retrieve
 
 
@@ -44,6 +44,21 @@ def tool_results(messages: list[dict], limit: int = 4) -> list[str]:
 
 def last_user(messages: list[dict]) -> str:
     return next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+
+
+def calls_made(messages: list[dict]) -> set[str]:
+    """The `call_key`s of the calls the assistant made since the last user message (the current turn's)."""
+    start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+    out = set()
+    for m in messages[start + 1:]:
+        for c in m.get("tool_calls") or ():
+            try:
+                args = json.loads(c["function"].get("arguments") or "{}")
+            except ValueError:
+                continue
+            if isinstance(args, dict):
+                out.add(call_key(c["function"]["name"], args))
+    return out
 
 
 def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], context: Callable[[list[int]], object],
@@ -79,6 +94,7 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
                             f"shown take {len(ids)}")
     results = tool_results(messages)
     step = last_user(messages)
+    made = calls_made(messages)
     sources = [Source("request", step)] + [Source("observation", r) for r in results]
 
     budget, larger = budgets(max_arg_tokens, limit)
@@ -90,7 +106,8 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
         shown.append(False)
         sink = None
         if on_arguments is not None:
-            show = on_arguments(index, tool, index == 0 and grammar_enforces(schema))
+            again = any(k.startswith(tool.name + "{") for k in made)  # a repeat may yet be dropped: not live
+            show = on_arguments(index, tool, index == 0 and grammar_enforces(schema) and not again)
 
             def sink(piece: str) -> None:
                 if show(piece):
@@ -107,7 +124,7 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
 
     live = context(ids)
     decision, held, logits = decider.decide(live, ids, cands, d.score, d.margin, arguments or in_place,
-                                            tool_choice, parallel, spans, step)
+                                            tool_choice, parallel, spans, step, made)
     if decision.kind == "call":
         live.ids = held[: live.session.n_past]
         if shown and shown[0] and decision.calls:

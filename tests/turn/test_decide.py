@@ -107,3 +107,24 @@ def _candidates():
     from nexus_agent.turn.decide import Candidate
 
     return [Candidate(t, 0.5, i) for i, t in enumerate(TOOLS.values())]
+
+
+def test_a_call_the_turn_already_made_is_not_made_again(qwen_backends, router):
+    from nexus_agent.turn.decide import call_key
+    from nexus_agent.turn.engine import calls_made
+
+    messages = [{"role": "user", "content": "Add 12 and 30"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+                    "name": "add", "arguments": '{"b": 30, "a": 12, "note": null}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    assert calls_made(messages) == {call_key("add", {"a": 12, "b": 30})}
+    assert calls_made(messages + [{"role": "user", "content": "Now multiply them"}]) == set()
+    backend = qwen_backends("llamacpp")
+    live = LiveContext(backend, None, 4096)
+    try:
+        for parallel in (False, True):
+            d = decide_turn(Decider(backend, DecideProfile(mode="model")), router, TOOLS, messages, lambda ids: live,
+                            4096, None, "auto", parallel).decision
+            assert d.kind == "text" or not {call_key(c.name, c.arguments) for c in d.calls} & calls_made(messages)
+    finally:
+        live.close()

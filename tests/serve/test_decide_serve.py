@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from serve_helpers import ADD, API_KEY, catalogue_tools, function, running_serve
+from serve_helpers import ADD, API_KEY, catalogue_tools, function
 
 pytestmark = pytest.mark.slow
 
@@ -17,11 +17,10 @@ TIME = function("get_current_time", "Get the current time in a specific IANA tim
 
 
 @pytest.fixture(scope="module")
-def qwen_client(tmp_path_factory, qwen_gguf):
+def qwen_client(qwen_serve_url):
     openai = pytest.importorskip("openai")
-    with running_serve(tmp_path_factory.mktemp("qwen-serve"), "--model", qwen_gguf, "--n-ctx", "8192") as url:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
-        yield client, client.models.list().data[0].id
+    client = openai.OpenAI(base_url=f"{qwen_serve_url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    return client, client.models.list().data[0].id
 
 
 def test_a_conversational_turn_among_250_tools_is_answered_in_text(qwen_client):

@@ -113,8 +113,8 @@ def _build(args: argparse.Namespace) -> int:
     from slb.service import build
 
     r = build(config=_config(args))
-    print(f"{r.path}: {r.count} tools ({r.embedded} embedded, {r.from_store} from the embedding store, "
-          f"{r.reused} reused, {r.removed} removed), "
+    print(f"{r.path}: {r.count} tools ({r.embedded} embedded, {r.reused} reused, {r.removed} removed, "
+          f"{r.from_store} from the embedding store), "
           f"{r.rows} rows, {len(r.duplicates)} near-duplicate pairs (`nexus tools duplicates`)")
     return 0
 

@@ -5,7 +5,8 @@ Agents SDK's `Agent` with `MCPServerStdio` servers and server names in the tool 
 A two-step task each (the time in Tokyo, then a repository's last commits), checked on the calls the framework
 made, read from its own run result (each once, with the request's values), and on the run ending in a
 non-empty text answer within 4 requests (a repeated call used to loop). Both frameworks send non-streaming
-requests with tool_choice "auto" and no parallel_tool_calls; the bodies are recorded for the assertions.
+requests without parallel_tool_calls (pydantic-ai with tool_choice "auto", the SDK without one); the bodies
+are recorded for the assertions.
 The answer's content is not checked: Qwen2.5-Coder-0.5B writes its calls out again as JSON text there."""
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def task(repo: str, n: int) -> str:  # the path ends the request: a period after
 
 
 def check_run(calls: list[tuple[str, dict]], bodies: list[dict], answer: str, prefix: str, repo: str, n: int):
-    print(f"{len(bodies)} requests; calls: {calls}; answer: {answer!r}")  # shown by pytest -rA
+    sent = [{k: v for k, v in b.items() if k not in ("messages", "tools")} for b in bodies]
+    print(f"{len(bodies)} requests {sent}; calls: {calls}; answer: {answer!r}")  # shown by pytest -rA
     names = [name for name, _ in calls]
     assert (f"{prefix('time')}get_current_time", {"timezone": "Asia/Tokyo"}) in calls, calls
     logs = [args for name, args in calls if name == f"{prefix('git')}git_log"]

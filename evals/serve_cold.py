@@ -146,19 +146,3 @@ def table(r: dict) -> str:
 
 
 FIGURES = ()
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--json", default=None, metavar="OUT")
-    args = p.parse_args(argv)
-    result = run(args)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

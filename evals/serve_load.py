@@ -232,10 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     if r["failures"]:
         print("failures:", json.dumps(r["failures"], indent=1))
     if args.json:
+        from registry.atomic import write_atomic
+
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(args.json + ".tmp")
-        tmp.write_text(json.dumps(r, indent=1))
-        tmp.replace(args.json)
+        write_atomic(args.json, json.dumps(r, indent=1))
     return 1 if r["failed"] or r["leaked"] else 0
 
 

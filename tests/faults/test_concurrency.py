@@ -123,6 +123,7 @@ EXEMPT = {
     "nexus_agent/trace.py": "append-only JSONL event log: one write per event, read by people, not by Nexus",
     "evals/report.py": "REPORT.md for people, regenerated wholesale by `nexus eval all` (never read back)",
     "evals/serve.py": "the peer server's stdout/stderr log, streamed by the subprocess, quoted in errors only",
+    "evals/serve_load.py": "the served process's stdout/stderr log, streamed by the subprocess, quoted in errors only",
 }
 
 

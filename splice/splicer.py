@@ -2,7 +2,8 @@
 
 `splice_tool` is what the agent calls: it loads (mmap) and verifies the block of the context that fits the depth
 (`splice.prompt.context_for`), asks the profile for a plan and applies it. Any block problem (missing, foreign,
-stale, corrupted, truncated) or a plan of `text` prefills the segment as text instead, so a splice is never worse
+stale, corrupted, truncated), a plan of `text` or an import the backend refuses (`splice_or_text`) prefills the
+segment as text instead, so a splice is never worse
 than text prefill and never uses a wrong block.
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from native.base import KVRange, KVSession
+from native.base import BackendError, KVRange, KVSession
 from registry.model import Tool
 from splice.block import BlockError, load_block
 from splice.compiler import block_key, block_path
@@ -67,6 +68,21 @@ def apply_plan(session: KVSession, kv: KVRange, plan: RepairPlan) -> int:
     return head + tail + recomputed
 
 
+def splice_or_text(session: KVSession, kv: KVRange, plan: RepairPlan) -> tuple[int, str | None]:
+    """`apply_plan`, failing closed: when the backend refuses the import (`BackendError`: a KV layout it cannot
+    convert, such as a quantized V cache saved with the other flash-attention setting, or a state it cannot read),
+    whatever the attempt added is removed and the block's tokens are prefilled as text. Returns (tokens decoded as
+    text or recomputed, the refusal in words or None)."""
+    start = session.n_past
+    try:
+        return apply_plan(session, kv, plan), None
+    except BackendError as e:
+        if session.n_past > start:
+            session.remove(start, session.n_past)
+        session.prefill([int(t) for t in kv.tokens])  # a full context raises here, as text prefill would
+        return len(kv), f"the backend refused the block: {e}"
+
+
 def splice_tool(session: KVSession, backend, tool: Tool, depth: int, profile: SpliceProfile | None = None,
                 root: Path | None = None) -> SpliceResult:
     """Put `tool`'s schema segment into `session` at `session.n_past`; `depth` = tokens after the system prompt.
@@ -94,8 +110,11 @@ def splice_tool(session: KVSession, backend, tool: Tool, depth: int, profile: Sp
                             splice_ms=1e3 * (time.perf_counter() - t0))
     t1 = time.perf_counter()
     plan = profile.plan_for(depth, len(kv))
-    redecoded = apply_plan(session, kv, plan)
+    redecoded, refused = splice_or_text(session, kv, plan)
     t2 = time.perf_counter()
+    if refused:
+        return SpliceResult(RepairPlan("text", len(kv)), len(kv), redecoded, load_ms=1e3 * (t1 - t0),
+                            splice_ms=1e3 * (t2 - t1), fallback=refused)
     return SpliceResult(plan, len(kv), redecoded, load_ms=1e3 * (t1 - t0), splice_ms=1e3 * (t2 - t1),
                         fallback="profile: depth beyond calibrated range" if plan.mode == "text" else None)
 

@@ -3,7 +3,7 @@
 A candidate's JSON is tokenized on its own (`Tokenizer.encode_chat_tools`), so it is the same tokens wherever
 it stands in the tools section. The first time a tool is shown it is prefilled as text in place and its KV
 range is exported into `ToolBlocks` (an LRU keyed by the tool's tokens); every later time the block is spliced
-at its new depth (`splice.splicer.apply_plan`: the keys re-anchored by RoPE, the first `head` tokens decoded
+at its new depth (`splice.splicer.splice_or_text`: the keys re-anchored by RoPE, the first `head` tokens decoded
 as text, which repairs most of what a block computed after other tools gets wrong: DESIGN section 6). The
 prompt's head (system text, tools preamble) and tail (the conversation) are prefilled as text, the head
 usually reused from the live context's prefix.
@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from splice.profile import RepairPlan
-from splice.splicer import apply_plan, tokens_match
+from splice.splicer import splice_or_text, tokens_match
 
 DEFAULT_HEAD = 48  # measured: 16 leaves the names misread, 48 matches text on Qwen2.5-Coder-0.5B
 MAX_BLOCKS = 512  # ~1-2 MB each for a 0.5B model: an upper bound of ~1 GB
@@ -29,6 +29,7 @@ class SpliceStats:
     compiled: int = 0  # tool segments prefilled as text and kept as blocks
     text_tokens: int = 0  # tokens prefilled as text (head, tail, repairs, first sights)
     ms: float = 0.0
+    refused: str | None = None  # the backend's reason when it refused a block (the tool went in as text)
 
 
 class ToolBlocks:
@@ -103,8 +104,13 @@ class ToolBlocks:
                     st.text_tokens += a - pos
                 kv = self.get(seg)
                 if kv is not None and tokens_match(kv, seg):
-                    st.text_tokens += apply_plan(session, kv, self.plan)
-                    st.spliced += 1
+                    n, refused = splice_or_text(session, kv, self.plan)
+                    st.text_tokens += n
+                    if refused:
+                        st.refused = refused
+                        self.blocks.pop(self.key(seg), None)  # it would be refused again
+                    else:
+                        st.spliced += 1
                 else:
                     start = session.n_past
                     session.prefill(seg)

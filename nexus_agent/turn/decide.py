@@ -61,7 +61,8 @@ class Decision:
     """kind: "call" | "text"; how: "model" | "router" | "tool_choice"; p_call: the model's probability of
     starting a call (None when it was not asked); score: the combined log-odds; calls: in order; candidates:
     the names shown, `scores` the router's for them, `top1`/`margin` its evidence; prompt_tokens; spliced:
-    candidate blocks spliced; prefill_ms: the prompt into the context; decide_ms: prompt to decision (call or
+    candidate blocks spliced; splice_fallback: why a block went in as text (the backend refused it); prefill_ms:
+    the prompt into the context; decide_ms: prompt to decision (call or
     text, and the first name);
     call_ms: to the complete calls (arguments included)."""
 
@@ -76,6 +77,7 @@ class Decision:
     margin: float = 0.0
     prompt_tokens: int = 0
     spliced: int = 0
+    splice_fallback: str | None = None
     prefill_ms: float = 0.0
     decide_ms: float = 0.0
     call_ms: float = 0.0
@@ -85,7 +87,7 @@ class Decision:
         return {"kind": self.kind, "how": self.how, "calls": [c.name for c in self.calls],
                 "p_call": None if self.p_call is None else round(self.p_call, 4),
                 "score": None if self.score is None else round(self.score, 3), "candidates": self.candidates,
-                "prompt_tokens": self.prompt_tokens, "spliced": self.spliced,
+                "prompt_tokens": self.prompt_tokens, "spliced": self.spliced, "splice_fallback": self.splice_fallback,
                 "prefill_ms": round(self.prefill_ms, 1), "decide_ms": round(self.decide_ms, 1),
                 "call_ms": round(self.call_ms, 1)}
 
@@ -158,12 +160,13 @@ class Decider:
         prompt = ids
         if self.blocks is not None and spans and live.manager is None:
             logits, st = self.blocks.prefill(live, ids, spans)
-            spliced = st.spliced
+            spliced, refused = st.spliced, st.refused
         else:
-            logits, spliced = live.prefill(ids), 0
+            logits, spliced, refused = live.prefill(ids), 0, None
         prefill_ms = (time.perf_counter() - t0) * 1e3
         d = Decision("text", "model", candidates=[c.name for c in candidates], scores=[c.score for c in candidates],
-                     top1=top1, margin=margin, prompt_tokens=len(ids), spliced=spliced, prefill_ms=prefill_ms)
+                     top1=top1, margin=margin, prompt_tokens=len(ids), spliced=spliced, splice_fallback=refused,
+                     prefill_ms=prefill_ms)
         named = tool_choice not in (None, "auto", "none", "required")
         if tool_choice == "none" or not candidates:
             d.how = "tool_choice" if tool_choice == "none" else "model"

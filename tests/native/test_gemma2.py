@@ -13,6 +13,7 @@ re-anchoring matrix run on it in test_architectures.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import mlx.core as mx
@@ -169,6 +170,37 @@ def test_v_layout_conversion_is_exact(blocks):
         set_v_layout(bytes(bad), transposed=True)
     with pytest.raises(BackendError, match="not a layout"):
         read_streams(on.blob[:-3])
+
+
+@pytest.mark.parametrize("depth", [0, 37])
+def test_a_refused_block_goes_in_as_text(gemma2, blocks, depth):
+    """A block llama.cpp cannot take (a V type that cannot change layout, saved with flash attention on, imported
+    with it off) is refused by the backend; the splice fails closed: nothing of the attempt stays in the cache,
+    the block's tokens are prefilled as text, and the reason comes back (the trace's `splice_fallback`)."""
+    from splice.profile import RepairPlan
+    from splice.splicer import splice_or_text
+
+    _, _, _, ids = gemma2
+    on = blocks["llamacpp-fa-on"]
+    st = read_streams(on.blob)[0]
+    bad = bytearray(on.blob)
+    bad[st.v_start : st.v_start + 4] = (2).to_bytes(4, "little")  # ggml Q4_0
+    block = dataclasses.replace(on, blob=bytes(bad))
+    ref = _session(gemma2, "llamacpp-fa-off")
+    ref.n_past = depth
+    ref.prefill(ids[:30])
+    want = ref.decode(ids[30])
+    s = _session(gemma2, "llamacpp-fa-off")
+    s.n_past = depth
+    for plan in (RepairPlan("head", 8), RepairPlan("none", 0)):
+        n, refused = splice_or_text(s, block, plan)
+        assert n == 30 and refused and "cannot be stored transposed" in refused
+        assert s.n_past == depth + 30
+        got = s.decode(ids[30])
+        assert kl(want[None], got[None]).max() < 1e-5 and got.argmax() == want.argmax()
+        s.remove(depth, s.n_past)
+    n, refused = splice_or_text(s, blocks["llamacpp-fa-on"], RepairPlan("head", 8))  # a block it can take
+    assert refused is None and n == 8 and s.n_past == depth + 30
 
 
 def test_mlx_lm_gemma2_gives_the_same_logits(gemma2, tmp_path):

@@ -279,6 +279,7 @@ class CopyBias:
         done = len(prefix) - (1 if string else 0)  # value bytes already written before the copy
         scored = []
         label = [w for w in self.cursor.path() if w != "[]"][-1:]
+        own = not string and self._request_suffices(json_types(sub))
         for s, toks, (k, p) in self._score(logits, cands, string, word_ends=string and "enum" not in sub):
             span = (k, p, p + done + sum(len(self.tb[t]) for t in toks))
             if string and "enum" not in sub and label and names_label(self.texts[k][0][span[1]:span[2]], label[0]):
@@ -288,6 +289,8 @@ class CopyBias:
                 prior -= JOINER_PENALTY * joiners(self.texts[k][0], span[1], span[2])
                 if numeric_left and NUMBER.fullmatch(self.texts[k][0][span[1]:span[2]]):
                     prior -= USED_PENALTY  # a number is for the numeric parameter still to come
+            if own and self.texts[k][1] != "request":
+                prior -= USED_PENALTY  # the request names a number for every numeric value left: its own
             prior += ANCHOR_BONUS * anchor(self.texts[k][0], span[1], span[2], self.schema, self.cursor.path())
             scored.append((s + prior, toks, span))
         if not scored:
@@ -303,6 +306,16 @@ class CopyBias:
                             "logp": round(score, 3),
                             "top": [(b"".join(self.tb[t] for t in c).decode("utf-8", "replace"), round(v, 3))
                                     for v, c, _ in top]})
+
+    def _request_suffices(self, types: set[str]) -> bool:
+        """Whether the request still holds an untaken number for this value and every numeric key left. Then an
+        earlier result's number is not what the step asks for ("convert 5 km to mi" after a result of 42 takes 5;
+        "multiply the result by 3" has one number for two keys, so the result may fill one)."""
+        wanted = 1 + len(self.keys.left(lambda t: bool(t & {"number", "integer"})))
+        have = sum(1 for k, (text, kind) in enumerate(self.texts) if kind == "request"
+                   for m in NUMBER.finditer(text) if not taken(self.used, k, m.start())
+                   and ("number" in types or b"." not in m.group(0)))
+        return have >= wanted
 
     def _force(self, logits: np.ndarray) -> np.ndarray:
         out = logits.copy()

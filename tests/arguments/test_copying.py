@@ -109,6 +109,19 @@ def test_copies_an_earlier_result(llamacpp_backend):
         "request", "observation"}
 
 
+def test_a_step_that_names_its_own_number_takes_it(llamacpp_backend):
+    """`make demo`'s second step: after add returned 42, "convert 5 km to mi" took value 42 (the earlier result
+    outscored the request's 5); the request names a number for every numeric key, so it is the step's own."""
+    schema = {"type": "object", "properties": {"value": {"type": "number"}, "from_unit": {"type": "string"},
+                                               "to_unit": {"type": "string"}},
+              "required": ["value", "from_unit", "to_unit"]}
+    obs = 'add returned: {"result": 42}'
+    step = "convert 5 km to mi"
+    value = _decode(llamacpp_backend, schema, step, [Source("request", step), Source("observation", obs)],
+                    results=[obs], sig="convert(value: num, from_unit: str, to_unit: str) — convert units")
+    assert value["value"] == 5
+
+
 def test_picks_the_enum_value_the_request_names(llamacpp_backend):
     schema = {"type": "object", "properties": {"city": {"type": "string"},
                                                "unit": {"type": "string", "enum": ["celsius", "fahrenheit", "kelvin"]}},

@@ -27,18 +27,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from evals.render import Figure, log_ticks, md_table, pct, pyplot, save_plot
+from evals.decide_fit import apply, fit
+from evals.decide_report import FIGURES, table
+from evals.render import save_plot
 
 DEFAULT_CHAT = str(Path(__file__).with_name("data") / "chat_turns.jsonl")
 KINDS = ("relevant", "irrelevant", "chat")
 FIT_ALL = 10  # a registry this small is shown whole
-BETAS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-RANK_OFFSETS = (-8.0, -6.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 6.0)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -148,17 +147,6 @@ def measure(engine, req, k: int, fit_all: int, blocks=None) -> dict:
             "prefill_ms": d.prefill_ms, "spliced": d.spliced, "ms": (time.perf_counter() - t0) * 1e3}
 
 
-def apply(profile, m: dict) -> str | None:
-    """The decision `profile` makes on a measured item: a tool name, or None for a text answer."""
-    if m is None or not m["cands"]:
-        return None
-    if profile.call_score(m["p_call"], m["top1"], m["margin"]) <= 0:
-        return None
-    ranked = [(profile.name_score(m["lps"].get(c, -1e9), sc, r), c) for r, (c, sc) in enumerate(zip(m["cands"],
-                                                                                                   m["scores"]))]
-    return max(ranked)[1]
-
-
 def score(rows: list[dict]) -> dict:
     """Metrics of rows {kind, gold, pick, recall?, decide_ms?, call_ms?, prompt_tokens?}."""
     import numpy as np
@@ -181,75 +169,6 @@ def score(rows: list[dict]) -> dict:
             "failed": sum(1 for r in rows if r.get("failed")),
             "decide_ms_p50": p50("decide_ms"), "prefill_ms_p50": p50("prefill_ms"), "call_ms_p50": p50("call_ms"),
             "prompt_tokens_p50": p50("prompt_tokens"), "n": len(rows)}
-
-
-def fit(measured: list[tuple[dict, dict]], router_acc: float, max_lost: float, k: int, fit_all: int):
-    """The decide profile fitted on (item, measurement) pairs: logistic weights on (logit p_call, top-1, margin)
-    with balanced classes, the bias moved so at most `max_lost` of relevant items answer in text, the name
-    weight with the best tool accuracy, and mode "router" when the model's decisions score below `router_acc`."""
-    import numpy as np
-
-    from nexus_agent.turn.profile import DecideProfile
-
-    ok = [(it, m) for it, m in measured if m is not None]
-    x = np.array([[_logit(m["p_call"]), m["top1"], m["margin"]] for _, m in ok])
-    y = np.array([it["kind"] == "relevant" for it, _ in ok], dtype=float)
-    w = _logistic(x, y)
-    z = x @ w[1:]
-    rel = np.sort(z[y == 1])
-    cut = rel[int(math.floor(max_lost * len(rel)))] if len(rel) else 0.0
-    bias = -(cut - 1e-6)
-    beta, ranks = _fit_names([(it, m) for it, m in ok if it["kind"] == "relevant"], k)
-    prof = DecideProfile(mode="model", k=k, fit_all=fit_all, bias=float(bias), w_model=float(w[1]),
-                         w_top1=float(w[2]), w_margin=float(w[3]), name_weight=beta, rank_bias=ranks,
-                         source=f"calibrated by nexus eval decide on {len(ok)} items")
-    acc = np.mean([apply(prof, m) == it["gold"] for it, m in ok]) if ok else 0.0
-    if acc < router_acc:
-        prof = replace(prof, mode="router")
-    prof.metrics = {"decision_acc": float(acc), "router_decision_acc": float(router_acc)}
-    return prof
-
-
-def _fit_names(rel: list, k: int, passes: int = 2) -> tuple[float, list[float]]:
-    """The router weight on names and the offsets by rank with the best tool accuracy on relevant items
-    (coordinate ascent over small grids; ties keep the smaller value)."""
-    from nexus_agent.turn.profile import DecideProfile
-
-    def acc(beta, ranks):
-        p = DecideProfile(k=k, bias=1e6, name_weight=beta, rank_bias=ranks)
-        return sum(apply(p, m) == it["gold"] for it, m in rel)
-
-    beta, ranks = 0.0, [0.0] * k
-    for _ in range(passes):
-        beta = max(BETAS, key=lambda b: (acc(b, ranks), -b))
-        for r in range(1, k):
-            ranks[r] = max(RANK_OFFSETS, key=lambda o: (acc(beta, ranks[:r] + [o] + ranks[r + 1:]), -abs(o)))
-    return float(beta), [float(o) for o in ranks]
-
-
-def _logit(p: float) -> float:
-    p = min(max(p, 1e-9), 1 - 1e-9)
-    return math.log(p / (1 - p))
-
-
-def _logistic(x, y, steps: int = 200, l2: float = 1e-2):
-    """Weights [b, w...] of a class-balanced L2 logistic regression (Newton's method)."""
-    import numpy as np
-
-    mu, sd = x.mean(0), x.std(0) + 1e-9
-    xs = np.c_[np.ones(len(x)), (x - mu) / sd]
-    cw = np.where(y == 1, 0.5 / max(y.mean(), 1e-9), 0.5 / max(1 - y.mean(), 1e-9))
-    w = np.zeros(xs.shape[1])
-    for _ in range(steps):
-        p = 1 / (1 + np.exp(-xs @ w))
-        g = xs.T @ (cw * (p - y)) + l2 * w
-        h = (xs * (cw * p * (1 - p))[:, None]).T @ xs + l2 * np.eye(len(w))
-        step = np.linalg.solve(h, g)
-        w -= step
-        if np.abs(step).max() < 1e-8:
-            break
-    ws = w[1:] / sd  # back to raw features
-    return np.r_[w[0] - (ws * mu).sum(), ws]
 
 
 def refit(args: argparse.Namespace) -> dict:
@@ -435,72 +354,3 @@ def _time_calls(engine, profile, scored, sizes, catalogue, args, out, name) -> N
 
                 out["sizes"][str(size)][name][variant]["call_ms_p50"] = float(np.median(times))
     engine.decider.profile = profile
-
-
-COLUMNS = (("decision", "decision_acc"), ("tool", "tool_acc"), ("irrel->none", "irrelevant_no_call"),
-           ("chat->none", "chat_no_call"), ("rel->none", "relevant_no_call"), ("recall@k", "recall_at_k"))
-
-
-def table(r: dict) -> str:
-    rows = []
-    for size, models in r["sizes"].items():
-        for model, variants in models.items():
-            for v, m in variants.items():
-                rows.append([size, model, v, *[pct(m.get(key)) if m.get(key) is not None else "–"
-                                                for _, key in COLUMNS],
-                             _ms(m.get("prefill_ms_p50")), _ms(m.get("decide_ms_p50")), _ms(m.get("call_ms_p50")),
-                             "–" if m.get("prompt_tokens_p50") is None else f"{m['prompt_tokens_p50']:.0f}",
-                             pct(m["same_as_text"]) if m.get("same_as_text") is not None else "–",
-                             str(m.get("failed", 0))])
-    head = ["tools", "model", "variant", *[c for c, _ in COLUMNS], "prefill ms", "decide ms", "call ms",
-            "prompt tok", "same as text", "failed"]
-    return md_table(head, rows)
-
-
-def _ms(v) -> str:
-    return "–" if v is None else f"{v:.0f}"
-
-
-def accuracy_figure(r: dict):
-    """Decision accuracy vs registry size per model and variant; with one size, every metric as bars."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    sizes = sorted(int(s) for s in r["sizes"])
-    if len(sizes) == 1:
-        return _bars(fig, ax, r, sizes[0])
-    series: dict[tuple[str, str], list] = {}
-    for s in sizes:
-        for model, variants in r["sizes"][str(s)].items():
-            for v, m in variants.items():
-                series.setdefault((model, v), []).append((s, m.get("decision_acc")))
-    for (model, v), pts in sorted(series.items()):
-        pts = [(s, a) for s, a in pts if a is not None]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{model} {v}")
-    log_ticks(ax, sizes)
-    ax.set_xlabel("tools in the registry")
-    ax.set_ylabel("decision accuracy")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=7)
-    ax.set_title("Right tool when one is wanted, no call otherwise")
-    return fig
-
-
-def _bars(fig, ax, r: dict, size: int):
-    import numpy as np
-
-    series = [(f"{model} {v}", m) for model, variants in r["sizes"][str(size)].items()
-              for v, m in sorted(variants.items())]
-    x = np.arange(len(COLUMNS))
-    width = 0.8 / max(len(series), 1)
-    for i, (label, m) in enumerate(series):
-        ax.bar(x + i * width - 0.4 + width / 2, [m.get(key) or 0.0 for _, key in COLUMNS], width, label=label)
-    ax.set_xticks(x, [c for c, _ in COLUMNS])
-    ax.set_ylabel("share of items")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=7)
-    ax.set_title(f"Deciding among {size} tools (rel->none: lower is better)")
-    return fig
-
-
-FIGURES = (Figure("decide.png", accuracy_figure),)

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from evals.decide import apply, fit, items
+from evals.decide import items
+from evals.decide_fit import apply, fit
 from nexus_agent.turn.profile import DecideProfile
 
 

@@ -1,0 +1,93 @@
+"""Calibrating who decides (`nexus eval decide --calibrate`): from each item's measurements (the model's p(call),
+the router's top-1 and margin, every candidate's name log-probability) fit a `DecideProfile`: class-balanced
+logistic weights for call vs text, the bias that loses at most `max_lost` of relevant requests, the router weight
+on names and per-rank offsets (against small models' first-listed bias), and "router" mode when the model's
+decisions score below the router's. `apply` is the decision a profile makes on one measured item."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+BETAS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+RANK_OFFSETS = (-8.0, -6.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 6.0)
+
+
+def apply(profile, m: dict) -> str | None:
+    """The decision `profile` makes on a measured item: a tool name, or None for a text answer."""
+    if m is None or not m["cands"]:
+        return None
+    if profile.call_score(m["p_call"], m["top1"], m["margin"]) <= 0:
+        return None
+    ranked = [(profile.name_score(m["lps"].get(c, -1e9), sc, r), c) for r, (c, sc) in enumerate(zip(m["cands"],
+                                                                                                   m["scores"]))]
+    return max(ranked)[1]
+
+
+def fit(measured: list[tuple[dict, dict]], router_acc: float, max_lost: float, k: int, fit_all: int):
+    """The decide profile fitted on (item, measurement) pairs: logistic weights on (logit p_call, top-1, margin)
+    with balanced classes, the bias moved so at most `max_lost` of relevant items answer in text, the name
+    weight with the best tool accuracy, and mode "router" when the model's decisions score below `router_acc`."""
+    import numpy as np
+
+    from nexus_agent.turn.profile import DecideProfile
+
+    ok = [(it, m) for it, m in measured if m is not None]
+    x = np.array([[_logit(m["p_call"]), m["top1"], m["margin"]] for _, m in ok])
+    y = np.array([it["kind"] == "relevant" for it, _ in ok], dtype=float)
+    w = _logistic(x, y)
+    z = x @ w[1:]
+    rel = np.sort(z[y == 1])
+    cut = rel[int(math.floor(max_lost * len(rel)))] if len(rel) else 0.0
+    bias = -(cut - 1e-6)
+    beta, ranks = _fit_names([(it, m) for it, m in ok if it["kind"] == "relevant"], k)
+    prof = DecideProfile(mode="model", k=k, fit_all=fit_all, bias=float(bias), w_model=float(w[1]),
+                         w_top1=float(w[2]), w_margin=float(w[3]), name_weight=beta, rank_bias=ranks,
+                         source=f"calibrated by nexus eval decide on {len(ok)} items")
+    acc = np.mean([apply(prof, m) == it["gold"] for it, m in ok]) if ok else 0.0
+    if acc < router_acc:
+        prof = replace(prof, mode="router")
+    prof.metrics = {"decision_acc": float(acc), "router_decision_acc": float(router_acc)}
+    return prof
+
+
+def _fit_names(rel: list, k: int, passes: int = 2) -> tuple[float, list[float]]:
+    """The router weight on names and the offsets by rank with the best tool accuracy on relevant items
+    (coordinate ascent over small grids; ties keep the smaller value)."""
+    from nexus_agent.turn.profile import DecideProfile
+
+    def acc(beta, ranks):
+        p = DecideProfile(k=k, bias=1e6, name_weight=beta, rank_bias=ranks)
+        return sum(apply(p, m) == it["gold"] for it, m in rel)
+
+    beta, ranks = 0.0, [0.0] * k
+    for _ in range(passes):
+        beta = max(BETAS, key=lambda b: (acc(b, ranks), -b))
+        for r in range(1, k):
+            ranks[r] = max(RANK_OFFSETS, key=lambda o: (acc(beta, ranks[:r] + [o] + ranks[r + 1:]), -abs(o)))
+    return float(beta), [float(o) for o in ranks]
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-9), 1 - 1e-9)
+    return math.log(p / (1 - p))
+
+
+def _logistic(x, y, steps: int = 200, l2: float = 1e-2):
+    """Weights [b, w...] of a class-balanced L2 logistic regression (Newton's method)."""
+    import numpy as np
+
+    mu, sd = x.mean(0), x.std(0) + 1e-9
+    xs = np.c_[np.ones(len(x)), (x - mu) / sd]
+    cw = np.where(y == 1, 0.5 / max(y.mean(), 1e-9), 0.5 / max(1 - y.mean(), 1e-9))
+    w = np.zeros(xs.shape[1])
+    for _ in range(steps):
+        p = 1 / (1 + np.exp(-xs @ w))
+        g = xs.T @ (cw * (p - y)) + l2 * w
+        h = (xs * (cw * p * (1 - p))[:, None]).T @ xs + l2 * np.eye(len(w))
+        step = np.linalg.solve(h, g)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    ws = w[1:] / sd  # back to raw features
+    return np.r_[w[0] - (ws * mu).sum(), ws]

@@ -81,3 +81,25 @@ def decide_system(tools, fmt) -> str:
     example = fmt.call_text("NAME", {"param": "value"})
     return (f"{SIGNATURE_KEY}\nYou can call these tools:\n{sigs}\n"
             f"To call one, reply with only:\n{example}\nOtherwise answer in plain text.")
+
+
+
+def results_answer_messages(messages: list[dict]) -> list[dict]:
+    """`answer_messages` for an OpenAI-style conversation whose last turn ends in tool results: the earlier turns
+    as plain turns (`render_messages`), then the request with its results ("Tool NAME returned: ..."), the
+    conversation's own system message kept before `ANSWER_SYSTEM`. The prompt a text answer after tool results
+    is decoded on: shown the same results under its template's tools section, or after its calls as "Calling
+    ..." turns, Qwen2.5-Coder-0.5B writes its calls out again or echoes the results; shown the request and its
+    results together, it reports them ("The time in Tokyo is 2026-12-05 at 01:00:49+09:00. The last 3 commits
+    ... are: ...")."""
+    from nexus_agent.openai_api import render_messages, result_text, tool_names
+
+    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+    names = tool_names(messages)
+    results = [result_text(m, names) for m in messages[last + 1:] if m["role"] == "tool"]
+    plain = render_messages(messages[:max(last, 0)])
+    system = plain.pop(0)["content"] if plain and plain[0]["role"] == "system" else ""
+    out = answer_messages(messages[last]["content"] if last >= 0 else "", results, plain)
+    if system:
+        out[0] = {"role": "system", "content": f"{system}\n\n{out[0]['content']}"}
+    return out

@@ -104,12 +104,17 @@ def function_tool(tool) -> dict:
                                              "parameters": tool.input_schema or {"type": "object"}}}
 
 
-def _starts(tokenizer, fmt: CallFormat) -> np.ndarray:
-    """Token ids that begin a call: the opener's first token, and tokens starting `{` or a code fence."""
+def _starts(tokenizer, fmt: CallFormat) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids that begin a call: the opener's first token and tokens starting `{` or a code fence; of them,
+    the ones starting `{`)."""
     first = tokenizer.encode(fmt.opener, special=True)[:1]
-    loose = [i for i in range(tokenizer.vocab_size)
-             if i not in tokenizer.special_ids and tokenizer.decode([i]).lstrip().startswith(("{", "```"))]
-    return np.array(sorted(set(first + loose)), dtype=np.int64)
+    loose = {i: tokenizer.decode([i]).lstrip() for i in range(tokenizer.vocab_size) if i not in tokenizer.special_ids}
+    loose = {i: t for i, t in loose.items() if t.startswith(("{", "```"))}
+    return (np.array(sorted(set(first) | set(loose)), dtype=np.int64),
+            np.array(sorted(i for i, t in loose.items() if t.startswith("{")), dtype=np.int64))
+
+
+_FENCE = re.compile(r"\s*(```[A-Za-z]*\s*)?")
 
 
 class Decider:
@@ -124,7 +129,7 @@ class Decider:
         self.between = self.tok.encode(self.fmt.between, special=True)
         self.closer = self.tok.encode(self.fmt.closer, special=True)
         self.next_call = self.tok.encode(self.fmt.separator + self.fmt.opener, special=True)[:1]
-        self.call_starts = _starts(self.tok, self.fmt)
+        self.call_starts, self.brace_starts = _starts(self.tok, self.fmt)
 
     # -- the prompt ---------------------------------------------------------------------------------------
     def prompt(self, messages: list[dict], candidates: list[Candidate]) -> tuple[list[int], list[tuple[int, int]]]:
@@ -236,13 +241,18 @@ class Decider:
         return name, lps, ids, live.prefill(ids)
 
     def text_mask(self) -> Callable:
-        """A logits processor forbidding the call opener's first token (a text decision stays text)."""
+        """A logits processor that keeps a text decision text: the call opener's first token is forbidden, and so
+        is a JSON object where the answer begins (bare or in a code fence): the 0.5B Qwen writes a call out as
+        `{"name": ...}` text, which a framework would show as the answer."""
         first = self.opener[:1]
+        brace = self.brace_starts
 
         def mask(tokens, logits):
-            if not tokens and first:
+            if len(tokens) <= 8 and _FENCE.fullmatch(self.tok.decode(tokens) if tokens else ""):
                 logits = logits.copy()
-                logits[first] = -np.inf
+                logits[brace[brace < len(logits)]] = -np.inf
+                if not tokens and first:
+                    logits[first] = -np.inf
             return logits
         return mask
 
@@ -266,11 +276,14 @@ def _words(values) -> set[str]:
 
 
 def _new_part(args: dict | None, earlier: list[Choice], request: str) -> bool:
-    """Whether `args` take a word of `request` that none of the `earlier` calls took ("London" after "Paris";
-    not "Tokyo" after "Asia/Tokyo")."""
+    """Whether `args` act on their own part of `request`: of the request's words they take, the ones no earlier
+    call took are at least as many as the ones an earlier call took ("London" after "Paris" in the same unit;
+    not "Tokyo" after "Asia/Tokyo", nor `git_show` "last 3 commits" in the repository `git_log` took with 3:
+    a call that shares most of its words with one made is a step after it, made once its result is seen)."""
     asked = _words([request])
     taken = _words(v for c in earlier for v in _leaves(c.arguments or {})) & asked
-    return bool((_words(_leaves(args or {})) & asked) - taken)
+    mine = _words(_leaves(args or {})) & asked
+    return bool(mine - taken) and len(mine - taken) >= len(mine & taken)
 
 
 def decider_for(backend) -> Decider:

@@ -26,7 +26,7 @@ class PromptTooLong(ValueError):
 @dataclass
 class Turn:
     """A decided turn: the Decision, the prompt ids, the logits after them (a text decision's answer starts
-    there) and the live context that holds them."""
+    there: after tool results, on `prompts.answer_messages`) and the live context that holds them."""
 
     decision: Decision
     ids: list[int]
@@ -129,4 +129,9 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
         live.ids = held[: live.session.n_past]
         if shown and shown[0] and decision.calls:
             decision.calls[0].streamed = True
+    elif messages and messages[-1]["role"] == "tool":  # an answer that reports the results: its own prompt
+        from nexus_agent.prompts import results_answer_messages
+
+        ids = decider.tok.encode_chat(results_answer_messages(messages))
+        logits = live.prefill(ids)
     return Turn(decision, ids, logits, live)

@@ -3,11 +3,12 @@ MCP servers from PyPI: pydantic-ai's `Agent` with the toolsets `load_mcp_toolset
 file (it prefixes each tool with its server's name: `time_get_current_time`, `git_git_log`), and the OpenAI
 Agents SDK's `Agent` with `MCPServerStdio` servers and server names in the tool names (`mcp_git__git_log`).
 A two-step task each (the time in Tokyo, then a repository's last commits), checked on the calls the framework
-made, read from its own run result (each once, with the request's values), and on the run ending in a
-non-empty text answer within 4 requests (a repeated call used to loop). Both frameworks send non-streaming
-requests without parallel_tool_calls (pydantic-ai with tool_choice "auto", the SDK without one); the bodies
-are recorded for the assertions.
-The answer's content is not checked: Qwen2.5-Coder-0.5B writes its calls out again as JSON text there."""
+made, read from its own run result (each once, with the request's values), and on the run ending within 4
+requests (a repeated call used to loop) in a text answer that reports the results: it names Tokyo and one of
+the repository's last commits (hash or message), and is not a call written out as text (which the 0.5B wrote
+under its template's tools section: `prompts.results_answer_messages`). Both frameworks send non-streaming requests
+without parallel_tool_calls (pydantic-ai with tool_choice "auto", the SDK without one); the bodies are recorded
+for the assertions."""
 
 from __future__ import annotations
 
@@ -40,6 +41,13 @@ def repo(tmp_path_factory) -> str:
         subprocess.run(["git", "-C", str(path), "add", "."], check=True, env=env)
         subprocess.run(["git", "-C", str(path), "commit", "-qm", message], check=True, env=env)
     return str(path)
+
+
+def last_commits(repo: str, n: int) -> list[str]:
+    """The hashes and messages of the repository's `n` newest commits."""
+    out = subprocess.run(["git", "-C", repo, "log", f"-{n}", "--format=%H%n%s"], check=True, capture_output=True,
+                         text=True).stdout
+    return [line for line in out.splitlines() if line]
 
 
 @pytest.fixture()
@@ -78,7 +86,8 @@ def check_run(calls: list[tuple[str, dict]], bodies: list[dict], answer: str, pr
     assert len(names) == len(set(names)), f"a call was repeated: {calls}"
     assert len(bodies) <= MAX_REQUESTS, f"{len(bodies)} requests: {calls}"
     assert all(not b.get("stream") and b.get("tool_choice", "auto") == "auto" for b in bodies)
-    assert answer.strip()
+    assert "Tokyo" in answer and any(c in answer or c[:7] in answer for c in last_commits(repo, n)), answer
+    assert '"name"' not in answer and "Calling " not in answer and "<tool_" not in answer, answer
 
 
 def test_pydantic_ai_agent_with_toolsets_from_an_mcp_servers_file(recorded, repo, tmp_path):

@@ -128,3 +128,34 @@ def test_a_call_the_turn_already_made_is_not_made_again(qwen_backends, router):
             assert d.kind == "text" or not {call_key(c.name, c.arguments) for c in d.calls} & calls_made(messages)
     finally:
         live.close()
+
+
+def test_a_parallel_call_must_act_on_its_own_part_of_the_request():
+    from nexus_agent.turn.decide import Choice, _new_part
+
+    weather = "What is the weather in Paris and in London, in celsius?"
+    paris = [Choice("get_weather", {"city": "Paris", "unit": "celsius"})]
+    assert _new_part({"city": "London", "unit": "celsius"}, paris, weather)  # one word its own, one shared
+    assert not _new_part({"city": "Paris", "unit": "celsius"}, paris, weather)
+    tokyo = [Choice("get_current_time", {"timezone": "Asia/Tokyo"})]
+    assert not _new_part({"timezone": "Tokyo"}, tokyo, "What time is it in Tokyo (Asia/Tokyo)?")
+    repo = "/tmp/work/repo"
+    asked = f"Show the last 3 commits of the repository at {repo}"
+    log = [Choice("git_log", {"repo_path": repo, "max_count": 3})]
+    # "last" and "commits" are new, but the path and the count are git_log's: a step after it, not beside it
+    assert not _new_part({"repo_path": repo, "revision": "last 3 commits"}, log, asked)
+
+
+def test_an_answer_after_tool_results_gets_the_request_and_its_results_in_one_turn():
+    from nexus_agent.prompts import ANSWER_SYSTEM, results_answer_messages
+
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+                {"role": "user", "content": "Add 2 and 3"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "5"}]
+    out = results_answer_messages(messages)
+    assert out == [{"role": "system", "content": f"Be brief.\n\n{ANSWER_SYSTEM}"},
+                   {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+                   {"role": "user", "content": "Add 2 and 3\n\nTool add returned: 5"}]

@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="eval tools (16 x 8 positions: one flip = 0.008 of top-1, against the target's 0.02 slack)")
     p.add_argument("--calib-tools", type=int, default=4, help="calibration tools (with --calibrate)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--floor-batch", type=int, default=1, metavar="N",
+                   help="tokens per batch of the text noise floor (default 1: the decode path; MLX runs one forward "
+                        "pass per batch, ~0.1 s each for SmolLM2 on one core)")
     p.add_argument("--calibrate", action="store_true", help="calibrate the profile first (else use the saved one)")
     p.add_argument("--plot", default=None,
                    help="PNG path for KL and top-1 vs depth (TTFT vs depth goes beside it as splice_ttft.png)")
@@ -93,9 +96,10 @@ def run_backend(name: str, args) -> dict:
                 plans = _plans(backend, profile, depth, n_tokens)
                 runs = {v: runner.run(kv, plan) for v, plan in plans.items() if plan}
                 runs["roundtrip"] = (runner.roundtrip(), np.nan, 0)  # the floor: no TTFT, nothing re-decoded
-                # text: fidelity of the segment prefilled in one-token batches (the noise floor), TTFT of one batch
+                # text: fidelity of the segment prefilled in `floor_batch`-token batches (the noise floor), TTFT of
+                # one batch
                 batched.append(kl_top1(ref, runs["text"][0]))
-                runs["text"] = (runner.text_in_batches(), *runs["text"][1:])
+                runs["text"] = (runner.text_in_batches(args.floor_batch), *runs["text"][1:])
                 for v, (logits, ms, red) in runs.items():
                     agree = ref.argmax(1) == logits.argmax(1)
                     acc[v].append((*kl_top1(ref, logits), ms, red / n_tokens, agree[keep].sum(), keep.sum()))

@@ -1,4 +1,4 @@
-"""A bounded load test of `nexus serve` (loopback only): 8 concurrent streaming clients for ~60 s (answers and
+"""A bounded load test of `nexus serve` (loopback only): 8 concurrent streaming clients for ~30 s (answers and
 tool calls whose arguments stream as they are decoded), while client subprocesses are killed mid-stream; every
 request is answered and none fails, each streamed call's argument pieces join into valid JSON, the killed
 clients' requests are cancelled (their slot freed), and afterwards the server reports no job, active generation
@@ -17,7 +17,8 @@ import time
 import pytest
 from serve_helpers import ADD, API_KEY, catalogue_tools, stats, stream_events
 
-DURATION_S = 60
+DURATION_S = 30
+KILLS = 3  # clients killed mid-stream: while the others run, and after them if the queue was slow
 CLIENTS = 8
 
 KILLED_CLIENT = """
@@ -38,7 +39,7 @@ for line in resp:
 
 
 @pytest.mark.slow
-def test_eight_streaming_clients_for_a_minute_with_killed_clients(serve_url):
+def test_eight_streaming_clients_with_killed_clients(serve_url):
     tools = catalogue_tools(49) + [ADD]
     bodies = [
         {"model": "smollm2", "messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 24},
@@ -72,18 +73,18 @@ def test_eight_streaming_clients_for_a_minute_with_killed_clients(serve_url):
         t.start()
     port = serve_url.rsplit(":", 1)[1]
     killed = 0
-    while time.monotonic() < stop_at - 15:
+    while killed < KILLS and time.monotonic() < stop_at + 60:
         proc = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, port, API_KEY], stdout=subprocess.PIPE)
         line = proc.stdout.readline()  # it waits in the queue, then streams
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         proc.stdout.close()
         killed += line.strip() == b"streaming"
-        time.sleep(5)
+        time.sleep(2)
     for t in threads:
         t.join(180)
     assert not failures, failures[:5]
-    assert killed >= 2 and len(done) >= 8 and any(done) and not all(done)
+    assert killed == KILLS and len(done) >= 8 and any(done) and not all(done)
     deadline = time.monotonic() + 15
     while (s := stats(serve_url))["jobs"] and time.monotonic() < deadline:
         time.sleep(0.2)

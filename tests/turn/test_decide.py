@@ -4,6 +4,8 @@ templates, and a model without a tools section (SmolLM2) shown compressed signat
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from nexus_agent.memory import LiveContext
@@ -44,14 +46,18 @@ def router(tmp_path_factory):
     return open_router("gate", tools=[as_entry(t) for t in TOOLS.values()], path=path)
 
 
-def decide(backend, router, text, tool_choice="auto", parallel=False, n_ctx=4096):
-    live = LiveContext(backend, None, n_ctx)
+def decide(backend, router, text, tool_choice="auto", parallel=False, n_ctx=4096, live=None):
+    """One decision on `live` (kept: a later decision reuses the tools prefix it holds, as a server's context
+    does) or on a fresh context of `n_ctx` tokens (closed)."""
+    own = live is None
+    live = live or LiveContext(backend, None, n_ctx)
     try:
         turn = decide_turn(Decider(backend, DecideProfile(mode="model")), router, TOOLS,
                            [{"role": "user", "content": text}], lambda ids: live, n_ctx, None, tool_choice, parallel)
         return turn.decision
     finally:
-        live.close()
+        if own:
+            live.close()
 
 
 def test_qwen_template_call_format(qwen_backends):
@@ -64,26 +70,29 @@ def test_qwen_template_call_format(qwen_backends):
 @pytest.mark.parametrize("name", ["llamacpp", "mlx"])
 def test_every_outcome_on_both_backends(qwen_backends, router, name):
     backend = qwen_backends(name)
-    d = decide(backend, router, "Add 12 and 30")  # a tool among the candidates, arguments from the request
+    live = LiveContext(backend, None, 4096)  # one context for every outcome: the tools prefix stays
+    request = functools.partial(decide, backend, router, live=live)
+    d = request("Add 12 and 30")  # a tool among the candidates, arguments from the request
     assert d.kind == "call" and d.how == "model" and [c.name for c in d.calls] == ["add"]
     assert d.calls[0].arguments == {"a": 12, "b": 30} and d.p_call > 0.5
     assert sorted(d.candidates) == sorted(TOOLS)  # four tools fit: the model sees them all
 
-    d = decide(backend, router, "Thanks, that's all I needed.")  # a text answer
+    d = request("Thanks, that's all I needed.")  # a text answer
     assert d.kind == "text" and not d.calls and d.p_call < 0.5
 
-    d = decide(backend, router, "Thanks, that's all I needed.", tool_choice="required")
+    d = request("Thanks, that's all I needed.", tool_choice="required")
     assert d.kind == "call" and d.how == "tool_choice" and d.calls[0].name in TOOLS
 
-    d = decide(backend, router, "Add 12 and 30", tool_choice="none")
+    d = request("Add 12 and 30", tool_choice="none")
     assert d.kind == "text" and d.how == "tool_choice" and d.p_call is None
 
-    d = decide(backend, router, "Add 12 and 30", tool_choice="multiply")  # a named function
+    d = request("Add 12 and 30", tool_choice="multiply")  # a named function
     assert [c.name for c in d.calls] == ["multiply"] and set(d.calls[0].arguments) == {"x", "y"}
 
-    d = decide(backend, router, "What is the weather in Paris and what is the weather in London?", parallel=True)
+    d = request("What is the weather in Paris and what is the weather in London?", parallel=True)
     assert [c.name for c in d.calls] == ["get_weather", "get_weather"]
     assert {c.arguments["city"] for c in d.calls} == {"Paris", "London"}
+    live.close()
 
 
 def test_a_prompt_over_the_context_is_refused(qwen_backends, router):

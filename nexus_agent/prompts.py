@@ -83,7 +83,6 @@ def decide_system(tools, fmt) -> str:
             f"To call one, reply with only:\n{example}\nOtherwise answer in plain text.")
 
 
-
 def results_answer_messages(messages: list[dict]) -> list[dict]:
     """`answer_messages` for an OpenAI-style conversation whose last turn ends in tool results: the earlier turns
     as plain turns (`render_messages`), then the request with its results ("Tool NAME returned: ..."), the

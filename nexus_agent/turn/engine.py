@@ -26,7 +26,7 @@ class PromptTooLong(ValueError):
 @dataclass
 class Turn:
     """A decided turn: the Decision, the prompt ids, the logits after them (a text decision's answer starts
-    there: after tool results, on `prompts.answer_messages`) and the live context that holds them."""
+    there: after tool results, on `prompts.results_answer_messages`) and the live context that holds them."""
 
     decision: Decision
     ids: list[int]
@@ -133,5 +133,6 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
         from nexus_agent.prompts import results_answer_messages
 
         ids = decider.tok.encode_chat(results_answer_messages(messages))
+        live = context(ids)  # where the caller keeps several contexts, the decision's keeps the tools prompt
         logits = live.prefill(ids)
     return Turn(decision, ids, logits, live)

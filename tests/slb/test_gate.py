@@ -51,7 +51,7 @@ def test_abstention_fitted_with_leave_gold_out_negatives():
     neg_t, neg_m = rng.uniform(0.35, 0.6, 400), rng.uniform(0.0, 0.03, 400)
     w, floor = pick_abstention(pos_t, pos_m, neg_t, neg_m, recall=0.98)
     plain = pick_abstention(pos_t, pos_m, neg_t, neg_m, recall=0.98, grid=(0.0,))
-    assert w > 0 and plain[0] == 0.0
+    assert w > 0 and plain[0] == 0.0  # the one grid value (exact by construction)
     assert np.mean(none_score(pos_t, pos_m, w) >= floor) >= 0.98  # the recall is kept
     rej_w = np.mean(none_score(neg_t, neg_m, w) < floor)
     assert rej_w > np.mean(neg_t < plain[1])  # and more no-tool queries go to none than with the plain floor

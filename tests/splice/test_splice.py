@@ -133,7 +133,7 @@ def test_splice_is_bit_stable_across_runs_and_threads(llamacpp_backend):
     b = llamacpp_backend
     compile_blocks(b, [TOOL], progress=False)
     profile = SpliceProfile("llamacpp", b.info.fingerprint, curve=[[512, 16]], max_depth=512)
-    first = _spliced_logits(b, profile)
+    first = _spliced_logits(b, profile)  # the same computation again, in this process on this CPU: bit-exact
     np.testing.assert_array_equal(first, _spliced_logits(b, profile))
     results, errors = [None] * 3, []
 

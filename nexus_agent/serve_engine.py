@@ -294,7 +294,10 @@ class Engine:
 
     def _context(self, ids: list[int]):
         """The conversation context sharing the longest token prefix with `ids`; a new one instead, while fewer
-        than `contexts` exist, when that context would lose cached tokens (another conversation's)."""
+        than `contexts` exist, when reusing it would drop more cached tokens than it saves (another
+        conversation's turns). The next request of the same conversation shares all but the reply's last
+        tokens, so it reuses its context: a new one would prefill the tools prompt again (18 s for 10 tools on
+        the 0.5B Qwen, one core)."""
         from nexus_agent.memory import LiveContext, MemoryConfig
 
         def common(live) -> int:
@@ -306,7 +309,7 @@ class Engine:
             return n
 
         best = max(self.contexts, key=common, default=None)
-        if best is None or (common(best) < len(best.ids) and len(self.contexts) < self.config.contexts):
+        if best is None or (len(best.ids) - common(best) > common(best) and len(self.contexts) < self.config.contexts):
             best = LiveContext(self.backend, MemoryConfig(self.config.kv_budget), self.config.n_ctx)
         else:
             self.contexts.remove(best)

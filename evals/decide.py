@@ -129,6 +129,7 @@ def measure(engine, req, k: int, fit_all: int, blocks=None) -> dict:
 
     engine.decider.profile = DecideProfile(mode="model", k=k, fit_all=fit_all, bias=1e6)  # always reach names
     engine.decider.blocks = blocks
+    engine.decider.all_names = True  # every candidate's log-probability: variants are scored from them offline
     by_name = {t.name: t for t in req.tools}
     cands = top_k(retrieve(engine.router_for(req.tools), req.messages), by_name, engine.decider.profile,
                   len(req.tools))

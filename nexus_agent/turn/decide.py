@@ -130,6 +130,7 @@ class Decider:
         self.closer = self.tok.encode(self.fmt.closer, special=True)
         self.next_call = self.tok.encode(self.fmt.separator + self.fmt.opener, special=True)[:1]
         self.call_starts, self.brace_starts = _starts(self.tok, self.fmt)
+        self.all_names = False  # score every candidate's name, not only those that might win (`_name`)
 
     # -- the prompt ---------------------------------------------------------------------------------------
     def prompt(self, messages: list[dict], candidates: list[Candidate]) -> tuple[list[int], list[tuple[int, int]]]:
@@ -215,28 +216,41 @@ class Decider:
         d.call_ms = (time.perf_counter() - t0) * 1e3
         return d, ids, None
 
-    def name_logprobs(self, live, ids: list[int], logits, names: list[str]) -> dict[str, float]:
-        """log p(name, then the text after a name | `ids`) for each candidate, teacher-forced on `live` (which
-        holds `ids`, `logits` after them) and removed again."""
+    def name_logprobs(self, live, ids: list[int], logits, names: list[str], offsets: dict | None = None
+                      ) -> dict[str, float]:
+        """log p(name, then the text after a name | `ids`) for candidate names, teacher-forced on `live` (which
+        holds `ids`, `logits` after them) and removed again: every name, or, given `offsets` (name -> what the
+        choice adds to its log-probability), only the names that might still win. A name's log-probability is at
+        most its first token's, which the logits give for free; names are scored best bound first and the rest
+        skipped once no bound reaches the best total: the same choice, usually after one or two passes instead
+        of one per candidate."""
         base = live.session.n_past
         first = _log_softmax(logits)
-        out = {}
-        for n in names:
-            seq = self.tok.encode(n) + self.between[:1]
+        seqs = {n: self.tok.encode(n) + self.between[:1] for n in names}
+        bound = {n: float(first[seqs[n][0]]) + (offsets[n] if offsets else 0.0) for n in names}
+        out, best = {}, -np.inf
+        for n in sorted(names, key=lambda n: -bound[n]):
+            if offsets is not None and bound[n] < best:
+                break
+            seq = seqs[n]
             lp = float(first[seq[0]])
             if len(seq) > 1:
                 rows = _log_softmax(live.session.forward_logits(seq[:-1]))
                 lp += float(sum(rows[j, t] for j, t in enumerate(seq[1:])))
                 live.session.remove(base, live.session.n_past)
             out[n] = lp
+            best = max(best, lp + (offsets[n] if offsets else 0.0))
         return out
 
     def _name(self, live, ids: list[int], logits, pool: list[Candidate]):
         """Choose one candidate after the opener by `DecideProfile.name_score` (the model's log-probability of
-        the name, the router's score, the offset of its rank); (name, the log-probabilities, ids through the
-        text between name and arguments, logits after them)."""
-        lps = {pool[0].name: 0.0} if len(pool) == 1 else self.name_logprobs(live, ids, logits, [c.name for c in pool])
-        name = max(pool, key=lambda c: self.profile.name_score(lps[c.name], c.score, c.rank)).name
+        the name, the router's score, the offset of its rank); (name, the log-probabilities scored, ids through
+        the text between name and arguments, logits after them). `all_names`: score every name (the decide eval
+        fits the profile on them), not only those that might win."""
+        offsets = {c.name: self.profile.name_score(0.0, c.score, c.rank) for c in pool}
+        lps = {pool[0].name: 0.0} if len(pool) == 1 else self.name_logprobs(
+            live, ids, logits, [c.name for c in pool], None if self.all_names else offsets)
+        name = max((c for c in pool if c.name in lps), key=lambda c: lps[c.name] + offsets[c.name]).name
         ids = ids + self.tok.encode(name) + self.between
         return name, lps, ids, live.prefill(ids)
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
 
 from nexus_agent.memory import LiveContext
 from nexus_agent.turn.call_format import NEXUS_FORMAT, probe_call_format
-from nexus_agent.turn.decide import Decider
+from nexus_agent.turn.decide import Candidate, Decider
 from nexus_agent.turn.engine import PromptTooLong, decide_turn
 from nexus_agent.turn.profile import DecideProfile
 from registry.model import Tool
@@ -168,3 +169,31 @@ def test_an_answer_after_tool_results_gets_the_request_and_its_results_in_one_tu
     assert out == [{"role": "system", "content": f"Be brief.\n\n{ANSWER_SYSTEM}"},
                    {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
                    {"role": "user", "content": "Add 2 and 3\n\nTool add returned: 5"}]
+
+
+def test_names_scored_while_they_can_win_pick_what_scoring_every_name_picks(qwen_backends):
+    """A name's log-probability is at most its first token's: names are scored best bound first and skipped once
+    none can win, so the choice is the one scoring every name makes, for any offsets the profile adds."""
+    backend = qwen_backends("llamacpp")
+    decider = Decider(backend, DecideProfile(mode="model"))
+    cands = [Candidate(t, 0.0, i) for i, t in enumerate(TOOLS.values())]
+    names = [c.name for c in cands]
+    rng = np.random.default_rng(0)
+    live = LiveContext(backend, None, 4096)
+    skipped = 0
+    try:
+        for text in ("Add 12 and 30", "What's the weather like in Paris?", "Multiply 3 by 4", "What time is it?"):
+            ids = decider.prompt([{"role": "user", "content": text}], cands)[0] + decider.opener
+            logits = live.prefill(ids)
+            every = decider.name_logprobs(live, ids, logits, names)
+            for offsets in [dict.fromkeys(names, 0.0)] + [dict(zip(names, rng.normal(0, 3, len(names))))
+                                                          for _ in range(4)]:
+                some = decider.name_logprobs(live, ids, logits, names, offsets)
+                assert live.session.n_past == len(ids)  # the scored names are removed again
+                best = max(names, key=lambda n: every[n] + offsets[n])
+                assert max(some, key=lambda n: some[n] + offsets[n]) == best, (text, every, some, offsets)
+                assert all(abs(some[n] - every[n]) < 1e-3 for n in some)  # the same passes, same context
+                skipped += len(names) - len(some)
+    finally:
+        live.close()
+    assert skipped > 0

@@ -70,28 +70,41 @@ def anchor(text: bytes, start: int, end: int, schema: dict, path: tuple) -> int:
     `days`, -2 for `date`)."""
     if not path or path[-1] == "[]":
         return 0
-    props = schema_at(schema, path[:-1]).get("properties") or {}
-    mine = name_words(path[-1])
-    others = [name_words(p) for p in props if p != path[-1]]
-
-    def nearest(words) -> int:
-        for word in words:
-            bare = word.lower().strip(_PUNCT)
-            if not bare or bare in JOINER_TEXT:
-                continue
-            if names_word(word, mine):
-                return 1
-            return -2 if any(names_word(word, o) for o in others) else 0
-        return 0
-
-    score = nearest(reversed(text[:start].decode("utf-8", "ignore").split()[-3:]))
+    mine, others = _labels(schema, path)
+    score = _nearest(reversed(text[:start].decode("utf-8", "ignore").split()[-3:]), mine, others)
     inside = text[start:end].decode("utf-8", "ignore").split()
     score -= sum(any(names_word(w, o) for o in others) for w in inside)  # it holds a sibling's label
     quoted = start > 0 and text[start - 1] in _QUOTES
     after = text[end:].decode("utf-8", "ignore").split()[:1]
     if quoted or not after or after[0].lower().strip(_PUNCT) in JOINER_TEXT:
         return score
-    return score + nearest(after)  # a label right after: "*28* days"
+    return score + _nearest(after, mine, others)  # a label right after: "*28* days"
+
+
+def anchor_bound(text: bytes, start: int, schema: dict, path: tuple) -> int:
+    """The most `anchor` gives any span that starts at `start`: the words before it, plus one for a label after."""
+    if not path or path[-1] == "[]":
+        return 0
+    mine, others = _labels(schema, path)
+    before = _nearest(reversed(text[:start].decode("utf-8", "ignore").split()[-3:]), mine, others)
+    return before + (0 if start > 0 and text[start - 1] in _QUOTES else 1)
+
+
+def _labels(schema: dict, path: tuple) -> tuple[list[str], list[list[str]]]:
+    props = schema_at(schema, path[:-1]).get("properties") or {}
+    return name_words(path[-1]), [name_words(p) for p in props if p != path[-1]]
+
+
+def _nearest(words, mine: list[str], others: list[list[str]]) -> int:
+    """+1 when the first word that is not a joiner names this parameter, -2 when it names a sibling, else 0."""
+    for word in words:
+        bare = word.lower().strip(_PUNCT)
+        if not bare or bare in JOINER_TEXT:
+            continue
+        if names_word(word, mine):
+            return 1
+        return -2 if any(names_word(word, o) for o in others) else 0
+    return 0
 
 
 def sibling_rank(schema: dict, path: tuple, sub: dict) -> int | None:

@@ -228,3 +228,53 @@ def test_copied_values_never_break_the_schema(llamacpp_backend, case):
     the schema (`_decode` validates it with jsonschema)."""
     schema, request = case
     _decode(llamacpp_backend, schema, request, bias=8.0, sig="configure(n: int, color: str, code: str, x?: num)")
+
+
+class _Counting:
+    """The real session, counting the tokens of the forward passes that score candidate copies."""
+
+    def __init__(self, session):
+        self.inner, self.scored = session, 0
+
+    def forward_logits(self, tokens):
+        self.scored += len(tokens)
+        return self.inner.forward_logits(tokens)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+MATRIX = {"type": "object", "properties": {"rows": {"type": "array", "items": {"type": "array", "items": {
+    "type": "integer"}}}}, "required": ["rows"]}
+
+
+@pytest.mark.parametrize("schema, request_text, sig", [
+    (MATRIX, "Transpose the matrix [[11, 12, 13], [21, 22, 23], [31, 32, 33]]", "transpose(rows: int[][])"),
+    (NUMBERS, "Add 1,250 and 17 after subtracting 3 from 42", "add(a: num, b: num) — add two numbers"),
+    ({"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit", "kelvin"]}}, "required": ["unit"]},
+     "Show the temperature in kelvin, not celsius", "temperature(unit: enum)"),
+    (PATH_SCHEMA, "Read the file notes/plan.md and then summarize it for the weekly report of the whole team",
+     "read_file(path: str) — read a file"),
+    ({"type": "object", "properties": {"title": {"type": "string"}, "body": {"type": "string"}},
+      "required": ["title", "body"]},
+     "Create a note titled groceries with the body buy apples at the market on the way home from the office",
+     "create_note(title: str, body: str)"),
+])
+def test_bounded_ranking_picks_what_scoring_every_candidate_picks(llamacpp_backend, schema, request_text, sig):
+    """A candidate is scored only while its bound can still beat the best total: a number's or an enum value's
+    (its first token's log-probability over its length, plus its priors), a free string's (its joining words and
+    anchor). The same arguments as scoring every candidate whole, with fewer tokens scored."""
+    tok = llamacpp_backend.tokenizer
+    ids = tok.encode_chat(argument_messages(sig, request_text, None))
+    out = {}
+    for prune in (True, False):
+        s = _Counting(llamacpp_backend.new_session(2048))
+        try:
+            bias = CopyBias(tok, [Source("request", request_text)], schema, session=s)
+            bias.prune = prune
+            r = generate_json(s, ids, schema, tok, 96, processors=[bias])
+        finally:
+            s.inner.close()
+        out[prune] = (r.text, s.scored, [x["pick"] for x in bias.ranked])
+    assert out[True][0] == out[False][0] and out[True][2] == out[False][2]
+    assert out[True][1] < out[False][1], out

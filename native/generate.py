@@ -71,24 +71,53 @@ def generate_step(
     `finished(tokens)` says so (a grammar that accepts nothing more), and, without yielding, when the
     processors leave no token allowed (every logit -inf). So the session holds the prompt and every yielded
     token except the last one (all of them in the no-token-allowed case).
+
+    A processor's optional `ahead(tokens)` names tokens it will force next (a copy planned whole): they are fed
+    with the token just sampled in one forward pass instead of one decode each, and their logits are taken from
+    it as each comes up (the processors still run on them, so a token they do not pick is never kept: the fed
+    tokens from it on are removed and decoding goes on from there).
     """
     if logits is None:
         logits = session.prefill(list(prompt))
+    n0 = session.n_past
     out: list[int] = []
     enders = [p.finished for p in logits_processors if hasattr(p, "finished")]
+    planners = [p.ahead for p in logits_processors if hasattr(p, "ahead")]
+    fed: list[int] = []  # tokens in the session ahead of `out`, and the logits after each
+    rows: list[np.ndarray] = []
+
+    def trim(n: int) -> None:
+        if session.n_past > n:
+            session.remove(n, session.n_past)
+
     for i in range(max_tokens):
         for proc in logits_processors:
             logits = proc(out, logits)
         if not np.isfinite(logits).any():
+            trim(n0 + len(out))
             return
         token = sampler(logits)
         yield token, logits
         if token in stop_ids or i == max_tokens - 1:
+            trim(n0 + len(out))
             return
         out.append(token)
         if any(done(out) for done in enders):
+            trim(n0 + len(out) - 1)
             return
-        logits = session.decode(token)
+        if fed and token == fed[0]:  # fed ahead already
+            fed.pop(0)
+            logits = rows.pop(0)
+            continue
+        if fed:  # the processors took another token: drop what was fed ahead
+            trim(n0 + len(out) - 1)
+            fed, rows = [], []
+        ahead = next((a for a in (plan(out) for plan in planners) if a), [])
+        if ahead:
+            block = session.forward_logits([token, *ahead])
+            logits, rows, fed = block[0], list(block[1:]), list(ahead)
+        else:
+            logits = session.decode(token)
 
 
 class Detokenizer:

@@ -316,21 +316,15 @@ class CopyBias:
                 if rest:
                     add([(rest, (k, p))])
         else:
-            # A number or an enum value is written whole: its mean log-likelihood per token is at most its first
-            # token's (free, from `logits`) over its length, so candidates are scored best bound first and the
-            # rest skipped once no bound reaches the best total: the same pick, without one pass per number
-            # the request writes (a 50-number matrix request took 25 passes per value before).
-            first = _log_softmax(logits)
-            bounds = []
+            items = []
             for rest, (k, p) in cands:
                 toks = self.tokenizer.encode(rest.decode("utf-8", "ignore"))[: self.max_copy_tokens]
-                prior = prior_of(k, (k, p, p + done + len(rest))) if toks else None
+                if b"".join(self.tb[t] for t in toks) != rest:
+                    continue  # its tokens do not spell it (or it is longer than max_copy_tokens)
+                prior = prior_of(k, (k, p, p + done + len(rest)))
                 if prior is not None:
-                    bounds.append((float(first[toks[0]]) / (len(toks) + 1) + prior, rest, (k, p)))
-            for bound, rest, where in sorted(bounds, key=lambda b: -b[0]):
-                if self.prune and scored and bound < max(x[0] for x in scored):
-                    break
-                add([(rest, where)])
+                    items.append((toks, prior, (k, p, p + done + len(rest))))
+            scored += self._whole(logits, items, self.close_str if string else self.close_num)
         if not scored:
             return
         score, toks, where = max(scored, key=lambda s: s[0])
@@ -344,6 +338,59 @@ class CopyBias:
                             "logp": round(score, 3),
                             "top": [(b"".join(self.tb[t] for t in c).decode("utf-8", "replace"), round(v, 3))
                                     for v, c, _ in top]})
+
+    def _whole(self, logits: np.ndarray, items: list, closers: np.ndarray) -> list:
+        """[(total, tokens, where)] for candidates written whole (numbers, enum values): `items` are (tokens, prior,
+        where); a total is the mean log-likelihood per token of the tokens and then a closer (as `_score`), plus
+        the prior.
+
+        Best bound first: a mean is at most the log-likelihoods known so far over its length (the others are
+        never above 0), the first token's known from `logits`. The candidate with the best bound is run through
+        the model; that pass also gives the next token of every candidate sharing a prefix with it (the numbers
+        13, 14 and 15 after a pass over 13), which tightens their bounds. Once the best bound is a whole score it
+        is the best: the same pick as scoring every candidate (`prune` False does that), in one or two passes
+        where a request writing 50 numbers took a pass per number for every value."""
+        import heapq
+
+        first = _log_softmax(logits)
+        n0 = self.session.n_past
+        known = [[float(first[t[0]])] for t, _, _ in items]  # log-likelihoods of the tokens, then of closing
+
+        def bound(i: int) -> float:
+            return sum(known[i]) / (len(items[i][0]) + 1) + items[i][1]
+
+        heap = [(-bound(i), i, 1) for i in range(len(items))]
+        heapq.heapify(heap)
+        out = []
+        while heap:
+            _, i, n = heapq.heappop(heap)
+            if n != len(known[i]):
+                continue  # a stale entry: the candidate was pushed again with a tighter bound
+            toks, prior, where = items[i]
+            if n == len(toks) + 1:  # whole: no bound left above it
+                out.append((bound(i), toks, where))
+                if self.prune:
+                    break
+                continue
+            rows = self.session.forward_logits(toks)
+            self.session.remove(n0, self.session.n_past)
+            lsm: dict[int, np.ndarray] = {}
+            for j, (other, _, _) in enumerate(items):
+                m = 0
+                while m < min(len(other), len(toks)) and other[m] == toks[m]:
+                    m += 1
+                lps, grew = known[j], False
+                while len(lps) < len(other) and len(lps) <= m:
+                    r = lsm.setdefault(len(lps) - 1, _log_softmax(rows[len(lps) - 1]))
+                    lps.append(float(r[other[len(lps)]]))
+                    grew = True
+                if len(lps) == len(other) and m == len(other):  # the pass went through all of it: its close
+                    r = lsm.setdefault(len(other) - 1, _log_softmax(rows[len(other) - 1]))
+                    lps.append(float(np.logaddexp.reduce(r[: len(closers)][closers[: len(r)]])))
+                    grew = True
+                if grew:
+                    heapq.heappush(heap, (-bound(j), j, len(lps)))
+        return out
 
     def _tail_cut(self, rest: bytes, k: int, p: int, done: int, floor: float) -> int:
         """How many bytes of `rest` (the copy at byte `p` of source `k`, `done` bytes of it written) may end a

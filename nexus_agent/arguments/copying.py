@@ -120,6 +120,7 @@ class CopyBias:
         self.boosted = 0  # steps at which some token was boosted
         self.ranked: list[dict] = []  # one entry per ranked value: the candidates and the pick (for the trace)
         self.item: tuple[int, int, int] | None = None  # the span the last string array item copied
+        self.number_item: tuple[int, int, int] | None = None  # the span the last number array item copied
         self.prune = True  # skip whole-value candidates whose bound cannot win (`_rank`); False: score all
         self.keys = KeyChoice(self.schema, self.cursor, self.request, self.texts, self.used, self.index,
                               self.close_obj, self.comma, bias)
@@ -329,7 +330,9 @@ class CopyBias:
             return
         score, toks, where = max(scored, key=lambda s: s[0])
         self.used.append(where)
-        self.item = where if string and self.cursor.path()[-1:] == ("[]",) else None  # a string array's item
+        in_array = self.cursor.path()[-1:] == ("[]",)
+        self.item = where if string and in_array else None  # a string array's item
+        self.number_item = where if in_array and not string else None  # a number array's (arrays may nest)
         self.plan = list(toks)
         self.close_after_plan = True
         top = sorted(scored, key=lambda s: -s[0])[:4]
@@ -430,8 +433,10 @@ class CopyBias:
         closers = self.close_str if self.cursor.in_string else self.close_num
         n = min(len(out), len(closers))
         out[:n] = np.where(closers[:n], out[:n] + 1e4, out[:n])
-        if self.item is not None and self.item == self.used[-1]:  # an array item: does the request list more?
-            more = listed_next(self.texts[self.item[0]][0], self.item[2])
+        item = next((i for i in (self.item, self.number_item) if i is not None and i == self.used[-1]), None)
+        if item is not None:  # an array item: does the request list more right after it (for a number, a `]`
+            # there closes its own array, as in a matrix, and the array around it is left to the model)
+            more = listed_next(self.texts[item[0]][0], item[2])
             pick = closers[:n] & (self.comma[:n] & ~self.bracket[:n] if more else self.bracket[:n] & ~self.comma[:n])
             out[:n] = np.where(pick, out[:n] + 1e3, out[:n])
         return self.keys.closer_tilt(out, closers)

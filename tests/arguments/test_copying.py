@@ -168,6 +168,24 @@ def test_an_array_ends_after_the_items_the_request_lists(llamacpp_backend, qwen_
         assert two["files"] == ["a.txt", "b.txt"]
 
 
+STDDEV = {"type": "object", "properties": {"numbers": {"type": "array", "items": {"type": "number"}}},
+          "required": ["numbers"]}
+
+
+def test_a_number_array_ends_after_the_numbers_the_request_lists(qwen_backends):
+    """A number array after its last listed number chose between `,` and `]` by a near tie (BFCL exec_simple_18:
+    the ten prices, then 10, 20000, 15000, ... to the token limit); the request's own list decides, and in a
+    matrix a `]` right after a number closes that row only."""
+    backend = qwen_backends("llamacpp")
+    request = ("I need the standard deviation of its daily closing prices over the past 10 trading days. Here are "
+               "the figures: 1000, 2000, 3000, 4000, 5000, 7000, 9000, 15000, 20000, and 30000. Can you help?")
+    value = _decode(backend, STDDEV, request, sig="calculate_standard_deviation(numbers: [num])")
+    assert value["numbers"] == [1000, 2000, 3000, 4000, 5000, 7000, 9000, 15000, 20000, 30000]
+    value = _decode(backend, MATRIX, "Transpose the matrix [[1, 2], [3, 4], [5, 6]] for me",
+                    sig="transpose(rows: int[][])")
+    assert value["rows"][0] == [1, 2] and all(len(r) == 2 for r in value["rows"])
+
+
 @pytest.mark.parametrize("backend_name", ["llamacpp-smollm2", "llamacpp-qwen"])
 def test_the_word_that_names_a_parameter_is_not_its_value(llamacpp_backend, qwen_backends, backend_name):
     backend = llamacpp_backend if backend_name.endswith("smollm2") else qwen_backends("llamacpp")

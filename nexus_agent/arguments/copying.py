@@ -22,6 +22,7 @@ are written follows the request too (`key_choice.py`). The sources, spans and pr
 
 from __future__ import annotations
 
+import heapq
 import re
 from functools import lru_cache
 
@@ -243,7 +244,7 @@ class CopyBias:
                 whole = len(written) == len(rest)
                 if (ends and _word_end(rest, len(written))) or whole:
                     lp = _log_softmax(logits_after[i])
-                    close = float(np.logaddexp.reduce(lp[: len(closers)][closers[: len(lp)]]))
+                    close = _close_logprob(lp, closers)
                     mean = (total + close) / (i + 2)
                     out.append((mean, toks[: i + 1], where))
                 if whole:
@@ -353,8 +354,6 @@ class CopyBias:
         13, 14 and 15 after a pass over 13), which tightens their bounds. Once the best bound is a whole score it
         is the best: the same pick as scoring every candidate (`prune` False does that), in one or two passes
         where a request writing 50 numbers took a pass per number for every value."""
-        import heapq
-
         first = _log_softmax(logits)
         n0 = self.session.n_past
         known = [[float(first[t[0]])] for t, _, _ in items]  # log-likelihoods of the tokens, then of closing
@@ -389,7 +388,7 @@ class CopyBias:
                     grew = True
                 if len(lps) == len(other) and m == len(other):  # the pass went through all of it: its close
                     r = lsm.setdefault(len(other) - 1, _log_softmax(rows[len(other) - 1]))
-                    lps.append(float(np.logaddexp.reduce(r[: len(closers)][closers[: len(r)]])))
+                    lps.append(_close_logprob(r, closers))
                     grew = True
                 if grew:
                     heapq.heappush(heap, (-bound(j), j, len(lps)))
@@ -488,6 +487,11 @@ class CopyBias:
         self.boosted += 1
         out = np.where(boost, logits + self.bias, logits)
         return self.keys.closer_tilt(out, self.close_str if prefix[:1] == b'"' else self.close_num) if closes else out
+
+
+def _close_logprob(logprobs: np.ndarray, closers: np.ndarray) -> float:
+    """log p(some token in the `closers` mask) from one row of log-probabilities: a value ends here."""
+    return float(np.logaddexp.reduce(logprobs[: len(closers)][closers[: len(logprobs)]]))
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

@@ -227,7 +227,8 @@ class Decider:
         base = live.session.n_past
         first = _log_softmax(logits)
         seqs = {n: self.tok.encode(n) + self.between[:1] for n in names}
-        bound = {n: float(first[seqs[n][0]]) + (offsets[n] if offsets else 0.0) for n in names}
+        extra = offsets or dict.fromkeys(names, 0.0)
+        bound = {n: float(first[seqs[n][0]]) + extra[n] for n in names}
         out, best = {}, -np.inf
         for n in sorted(names, key=lambda n: -bound[n]):
             if offsets is not None and bound[n] < best:
@@ -239,7 +240,7 @@ class Decider:
                 lp += float(sum(rows[j, t] for j, t in enumerate(seq[1:])))
                 live.session.remove(base, live.session.n_past)
             out[n] = lp
-            best = max(best, lp + (offsets[n] if offsets else 0.0))
+            best = max(best, lp + extra[n])
         return out
 
     def _name(self, live, ids: list[int], logits, pool: list[Candidate]):

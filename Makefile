@@ -37,11 +37,17 @@ endif
 demo: $(STAMP)
 	$(VENV)/bin/nexus demo
 
+# The suite on TEST_WORKERS pytest-xdist workers with one model thread each (never more threads than cores: llama.cpp's
+# threads stall on a busy core), then the tests marked `serial` in one process.
+TEST_WORKERS ?= 2
+ONE_THREAD := NEXUS_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM_THREADS=1
+
 test: lint
-	$(PY) -m pytest
+	$(ONE_THREAD) $(PY) -m pytest -n $(TEST_WORKERS) -m "not serial"
+	$(PY) -m pytest -m serial
 
 test-fast: lint
-	$(PY) -m pytest -m "not slow"
+	$(ONE_THREAD) $(PY) -m pytest -n $(TEST_WORKERS) -m "not slow and not serial"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -186,6 +186,7 @@ class Decider:
             d.decide_ms = (time.perf_counter() - t0) * 1e3
             return d, ids, logits
         pool = [c for c in candidates if c.name == tool_choice] if named else candidates
+        done = ids  # through the last call made: a further call that is not made leaves nothing in the ids
         while True:
             ids = ids + self.opener
             logits = live.prefill(ids)
@@ -205,7 +206,7 @@ class Decider:
                 break  # a further call must act on a part of the request no earlier call took (small models
                 # otherwise repeat a call, or call every candidate with the same value)
             d.calls.append(Choice(name, args, problem, text))
-            ids = ids + self.tok.encode(text) + self.closer
+            ids = done = self._after_arguments(live, ids, text) + self.closer
             if not parallel or len(d.calls) >= MAX_PARALLEL or named:
                 break
             logits = live.prefill(ids)
@@ -214,7 +215,18 @@ class Decider:
                 break
             ids = ids + self.tok.encode(self.fmt.separator, special=True)
         d.call_ms = (time.perf_counter() - t0) * 1e3
-        return d, ids, None
+        return d, done, None
+
+    def _after_arguments(self, live, ids: list[int], text: str) -> list[int]:
+        """`ids` and the arguments `text`: the tokens the context holds after `ids` where they spell the start of
+        `text` (decoded in place), then the rest of it encoded. Encoding the whole text again gives other tokens
+        for some values (a path, a number), which made the next prefill compute the arguments again and left
+        the context's ids naming tokens it does not hold."""
+        held = live.ids[len(ids):] if live.ids[:len(ids)] == ids else []
+        done = self.tok.decode(held) if held else ""
+        if not held or not text.startswith(done):
+            return ids + self.tok.encode(text)
+        return ids + held + (self.tok.encode(text[len(done):]) if len(text) > len(done) else [])
 
     def name_logprobs(self, live, ids: list[int], logits, names: list[str], offsets: dict | None = None
                       ) -> dict[str, float]:

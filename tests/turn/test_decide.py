@@ -96,6 +96,45 @@ def test_every_outcome_on_both_backends(qwen_backends, router, name):
     live.close()
 
 
+@pytest.mark.parametrize("request_text", [
+    "What is the weather in Paris and what is the weather in London?",
+    "What time is it in America/Argentina/Buenos_Aires right now?",
+])
+def test_after_a_call_the_context_holds_the_tokens_it_names(qwen_backends, router, request_text):
+    """After a call the held ids are the tokens the context holds: the arguments as they were decoded, not their
+    text encoded again (other tokens for some values: 12 tokens computed again for the time zone, 5 for a city),
+    so checking for a further call feeds only the closer."""
+    from nexus_agent.trace import Trace
+
+    backend = qwen_backends("llamacpp")
+    trace = Trace()
+    live = LiveContext(backend, None, 4096, trace=trace)
+    decider = Decider(backend, DecideProfile(mode="model"))
+    closer = decider.closer
+    after_calls = []  # (tokens prefilled, tokens reused) of each prefill that ends a call
+    prefill = live.prefill
+
+    def recorded(ids):
+        out = prefill(ids)
+        if list(ids[-len(closer):]) == closer:
+            e = trace.of("memory")[-1]
+            after_calls.append((e["prefilled"], e["reused"]))
+        return out
+
+    live.prefill = recorded
+    try:
+        turn = decide_turn(decider, router, TOOLS, [{"role": "user", "content": request_text}], lambda ids: live,
+                           4096, None, "auto", True)
+        assert turn.decision.kind == "call", turn.decision
+        assert after_calls and all(n <= len(closer) + 2 for n, _ in after_calls), after_calls
+        # the context's ids: the prompt, then the calls made, through the last one's closer (nothing of a further
+        # call the decision did not make)
+        assert live.ids[: len(turn.ids)] == turn.ids and live.ids[-len(closer):] == closer
+        assert len(live.ids) <= live.session.n_past
+    finally:
+        live.close()
+
+
 def test_a_prompt_over_the_context_is_refused(qwen_backends, router):
     with pytest.raises(PromptTooLong, match="context holds 300 tokens"):
         decide(qwen_backends("llamacpp"), router, "Add 12 and 30", n_ctx=300)

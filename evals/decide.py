@@ -287,9 +287,12 @@ def run(args: argparse.Namespace) -> dict:
     return out
 
 
+FAILED = "<failed>"  # the pick of an item the variant could not decide (its prompt overflowed the context)
+
+
 def _row(it: dict, m: dict | None, profile) -> dict:
-    if m is None:
-        return {**it, "pick": None, "failed": True}
+    if m is None:  # neither a call nor a text answer: wrong for every kind, counted in "failed"
+        return {**it, "pick": FAILED, "failed": True}
     return {**it, "pick": apply(profile, m), "recall": it["gold"] in m["cands"], "decide_ms": m["decide_ms"],
             "prefill_ms": m["prefill_ms"], "prompt_tokens": m["prompt_tokens"]}
 

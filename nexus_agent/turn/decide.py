@@ -223,10 +223,10 @@ class Decider:
         for some values (a path, a number), which made the next prefill compute the arguments again and left
         the context's ids naming tokens it does not hold."""
         held = live.ids[len(ids):] if live.ids[:len(ids)] == ids else []
-        done = self.tok.decode(held) if held else ""
-        if not held or not text.startswith(done):
-            return ids + self.tok.encode(text)
-        return ids + held + (self.tok.encode(text[len(done):]) if len(text) > len(done) else [])
+        spelled = self.tok.decode(held)
+        if not text.startswith(spelled):  # the arguments came from elsewhere (the fallback's own prompt)
+            held, spelled = [], ""
+        return ids + held + self.tok.encode(text[len(spelled):])
 
     def name_logprobs(self, live, ids: list[int], logits, names: list[str], offsets: dict | None = None
                       ) -> dict[str, float]:

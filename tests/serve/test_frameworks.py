@@ -22,7 +22,7 @@ import pytest
 from serve_helpers import API_KEY
 
 # serial: under pytest-xdist the repository's path is longer (.../popen-gw0/frameworks0/repo) and the 0.5B's two-step
-# decision changes with it (README, "Real agent frameworks"); `make test` runs these in one process after the rest
+# decision changes with it (README, "Serving an agent"); `make test` runs these in one process after the rest
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 COMMITS = ["Add the frobnicator", "Teach the frobnicator to whistle", "Fix the whistle pitch"]

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 LINE = re.compile(r"nexus serve: tool list of (\d+) tools: (\d+) embedded, (\d+) from the store, (\d+) in memory, "
-                  r"([\d.]+) s; routable in ([\d.]+) s")
+                  r"([\d.]+) s(?: \((\w+)\))?; routable in ([\d.]+) s")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,7 +68,8 @@ def _tool_list(catalog: str, queries: str, n: int) -> tuple[list[dict], str]:
 
 def _lines(log: Path) -> list[dict]:
     return [{"tools": int(m[0]), "embedded": int(m[1]), "stored": int(m[2]), "memory": int(m[3]),
-             "embed_s": float(m[4]), "routable_s": float(m[5])} for m in LINE.findall(log.read_text(errors="replace"))]
+             "embed_s": float(m[4]), "dtype": m[5] or None, "routable_s": float(m[6])}
+            for m in LINE.findall(log.read_text(errors="replace"))]
 
 
 def _get(port: int, path: str, body: dict | None = None, timeout: float = 600.0) -> dict:
@@ -112,6 +113,8 @@ def measure(n: int, args, env: dict) -> dict:
             out[f"{phase}_list_ms"] = round(line["routable_s"] * 1e3, 1)
             out[f"{phase}_embed_ms"] = round(line["embed_s"] * 1e3, 1)
             out["embedded" if phase == "cold" else "restart_embedded"] = line["embedded"]
+            if phase == "cold":
+                out["embed_dtype"] = line["dtype"]  # bfloat16 where the CPU multiplies it natively
             out[f"{phase}_tools_embedded"] = stats["tools_embedded"]  # /v1/nexus/stats, the warm-up tool included
         print(f"  cold start {n} tools: {out}", file=sys.stderr, flush=True)
     return out
@@ -137,7 +140,8 @@ def table(r: dict) -> str:
     def ms(v):
         return None if v is None else f"{v:,.0f}"
 
-    rows = [[n, x["embedded"], ms(x["cold_list_ms"]), ms(x["cold_ms"]), ms(x.get("repeat_ms")), x["restart_embedded"],
+    rows = [[n, f'{x["embedded"]} ({x["embed_dtype"]})' if x.get("embed_dtype") else x["embedded"],
+             ms(x["cold_list_ms"]), ms(x["cold_ms"]), ms(x.get("repeat_ms")), x["restart_embedded"],
              ms(x["restart_list_ms"]), ms(x["restart_ms"])]
             for n, x in sorted((r.get("cold_start") or {}).items(), key=lambda kv: int(kv[0]))]
     return md_table(["tools", "embedded (cold)", "cold list ready (ms)", "cold request (ms)", "same list again (ms)",

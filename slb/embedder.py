@@ -47,6 +47,19 @@ def resolve_model(model: str) -> tuple[str, Path]:
 
 
 QINT8_SUFFIX = "+qint8"  # model_id marker of a dynamically quantized embedder
+BATCH_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU multiplies bfloat16 in hardware (x86 AMX or AVX512-BF16; read from /proc/cpuinfo's
+    flags, or from `cpuinfo`). False where that cannot be read (macOS, other architectures)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return bool({"amx_bf16", "avx512_bf16"} & set(flags))
 
 
 @dataclass
@@ -55,7 +68,11 @@ class EmbedderConfig:
     run the transformer's Linear layers in dynamic INT8 (torch qint8: ~2x faster per query on one core, other
     vectors than the float model, so tools and queries must use the same setting; it is part of model_id);
     memory_cache: tool vectors kept in memory (least recently used dropped first); threads: torch threads while
-    embedding a batch (`nexus serve` and the registry build give `batch_threads()`: every core, or NEXUS_THREADS)."""
+    embedding a batch (`nexus serve` and the registry build give `batch_threads()`: every core, or NEXUS_THREADS);
+    batch_dtype: what a batch of texts (more than `batch_size`: tools, never a query) runs in: "bfloat16"
+    (torch autocast: cosine to the float32 vector >= 0.9999, 1,000 tools 1.6x faster on a CPU with AMX), "float32",
+    or "auto": bfloat16 where the CPU multiplies bfloat16 natively (`native_bf16`), float32 elsewhere (emulated
+    bfloat16 is slower than float32). The vectors are the same space either way: model_id does not change."""
 
     model: str = PACKAGED_MODEL
     recipe: str = DEFAULT_RECIPE
@@ -63,6 +80,7 @@ class EmbedderConfig:
     quantize: bool = False
     memory_cache: int = 100_000  # tool vectors kept in memory (LRU)
     threads: int | None = None  # torch threads for a batch of texts (None: torch's setting; see batch_threads)
+    batch_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.recipe not in TEXT_RECIPES:
@@ -73,6 +91,8 @@ class EmbedderConfig:
             raise ValueError(f"threads must be >= 1 or None, got {self.threads}")
         if self.memory_cache < 1:
             raise ValueError(f"memory_cache must be >= 1, got {self.memory_cache}")
+        if self.batch_dtype not in BATCH_DTYPES:
+            raise ValueError(f"unknown batch_dtype {self.batch_dtype!r}; choose one of {BATCH_DTYPES}")
 
 
 class Embedder:
@@ -90,6 +110,7 @@ class Embedder:
         self.tools_embedded = 0  # tools actually run through the model (neither in memory nor in the store)
         self.tools_from_store = 0
         self.last: EmbedReport | None = None  # what the last `embed_tools` call did
+        self.last_dtype = "float32"  # what the last `embed_texts` call ran in
 
     @property
     def model_id(self) -> str:
@@ -133,10 +154,17 @@ class Embedder:
         get = getattr(m, "get_embedding_dimension", None) or m.get_sentence_embedding_dimension
         return int(get())
 
+    def batch_bf16(self, n: int) -> bool:
+        """Whether `n` texts run in bfloat16 (`EmbedderConfig.batch_dtype`; never a query, never the INT8 model)."""
+        dtype = self.config.batch_dtype
+        if n <= self.config.batch_size or self.config.quantize or dtype == "float32":
+            return False
+        return dtype == "bfloat16" or native_bf16()
+
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         """list of N strings -> (N, D) float32, rows L2-normalized. The texts run through the model in batches of
         `batch_size` sorted by token count, so a batch pads to nearly its own length (1,000 catalogue tools, one
-        core: see `nexus eval serve --cold-start`)."""
+        core: see `nexus eval serve --cold-start`), in bfloat16 where `batch_bf16` says so."""
         if not texts:
             return np.zeros((0, self.dim), np.float32)
         import torch
@@ -150,8 +178,10 @@ class Embedder:
         threads = torch.get_num_threads()
         if self.config.threads and len(texts) > bs:  # a batch; one query keeps torch's setting
             torch.set_num_threads(self.config.threads)
+        bf16 = self.batch_bf16(len(texts))
+        self.last_dtype = "bfloat16" if bf16 else "float32"
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 for i in range(0, len(order), bs):
                     rows = order[i:i + bs]
                     out[rows] = m(prepare([texts[j] for j in rows]))["sentence_embedding"].float().numpy()
@@ -196,7 +226,7 @@ class Embedder:
         self.tools_embedded += len(missing)
         self.tools_from_store += len(stored)
         self.last = EmbedReport(len(unique), len(unique) - len(stored) - len(missing), len(stored), len(missing),
-                                time.perf_counter() - t0)
+                                time.perf_counter() - t0, self.last_dtype if missing else None)
         if not tools:
             return np.zeros((0, self.dim), np.float32)
         out = np.stack([self._cache[t.schema_hash] for t in tools]).astype(np.float32)
@@ -216,10 +246,12 @@ class EmbedReport:
     stored: int
     embedded: int
     seconds: float
+    dtype: str | None = None  # what the embedded ones ran in (None: nothing was embedded)
 
     def line(self) -> str:
+        ran = f" ({self.dtype})" if self.dtype else ""
         return (f"{self.tools} tools: {self.embedded} embedded, {self.stored} from the store, {self.memory} in memory, "
-                f"{self.seconds:.2f} s")
+                f"{self.seconds:.2f} s{ran}")
 
 
 def batch_threads() -> int:

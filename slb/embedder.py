@@ -12,6 +12,7 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -54,12 +55,30 @@ def native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether the CPU multiplies bfloat16 in hardware (x86 AMX or AVX512-BF16; read from /proc/cpuinfo's
     flags, or from `cpuinfo`). False where that cannot be read (macOS, other architectures)."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
+        return _this_cpu_bf16()
     flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
     return bool({"amx_bf16", "avx512_bf16"} & set(flags))
+
+
+@lru_cache(maxsize=1)
+def _this_cpu_bf16() -> bool:
+    try:
+        return native_bf16(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return False
+
+
+def batch_dtype(configured: str = "auto") -> str:
+    """What a batch of tool texts runs in: `configured` unless "auto", else `NEXUS_EMBED_DTYPE` (float32 |
+    bfloat16) when set, else bfloat16 where the CPU multiplies it natively and float32 elsewhere."""
+    if configured != "auto":
+        return configured
+    env = os.environ.get("NEXUS_EMBED_DTYPE", "").strip()
+    if env:
+        if env not in BATCH_DTYPES[1:]:
+            raise ValueError(f"NEXUS_EMBED_DTYPE={env!r}: choose float32 or bfloat16")
+        return env
+    return "bfloat16" if native_bf16() else "float32"
 
 
 @dataclass
@@ -71,8 +90,9 @@ class EmbedderConfig:
     embedding a batch (`nexus serve` and the registry build give `batch_threads()`: every core, or NEXUS_THREADS);
     batch_dtype: what a batch of texts (more than `batch_size`: tools, never a query) runs in: "bfloat16"
     (torch autocast: cosine to the float32 vector >= 0.9999, 1,000 tools 1.6x faster on a CPU with AMX), "float32",
-    or "auto": bfloat16 where the CPU multiplies bfloat16 natively (`native_bf16`), float32 elsewhere (emulated
-    bfloat16 is slower than float32). The vectors are the same space either way: model_id does not change."""
+    or "auto": `NEXUS_EMBED_DTYPE` when set, else bfloat16 where the CPU multiplies it natively (`native_bf16`),
+    float32 elsewhere (emulated bfloat16 is slower than float32). The vectors are the same space either way:
+    model_id does not change."""
 
     model: str = PACKAGED_MODEL
     recipe: str = DEFAULT_RECIPE
@@ -156,10 +176,9 @@ class Embedder:
 
     def batch_bf16(self, n: int) -> bool:
         """Whether `n` texts run in bfloat16 (`EmbedderConfig.batch_dtype`; never a query, never the INT8 model)."""
-        dtype = self.config.batch_dtype
-        if n <= self.config.batch_size or self.config.quantize or dtype == "float32":
+        if n <= self.config.batch_size or self.config.quantize:
             return False
-        return dtype == "bfloat16" or native_bf16()
+        return batch_dtype(self.config.batch_dtype) == "bfloat16"
 
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         """list of N strings -> (N, D) float32, rows L2-normalized. The texts run through the model in batches of

@@ -76,3 +76,16 @@ def test_install_checks_name_the_packaged_models():
     rows = {n: (ok, d) for n, ok, d in check_install("llamacpp")}
     assert rows["model files"][0] and rows["model files"][1].endswith(".gguf")
     assert rows["embedder files"][0]
+
+
+def test_doctor_says_what_tool_batches_run_in(monkeypatch):
+    from slb.embedder import native_bf16
+
+    ok, detail = {n: (ok, d) for n, ok, d in check_install("llamacpp")}["embedder batches"]
+    want = "bfloat16 (the CPU multiplies" if native_bf16() else "float32 (no native bfloat16"
+    assert ok and want in detail, detail
+    monkeypatch.setenv("NEXUS_EMBED_DTYPE", "float32")
+    assert {n: d for n, _, d in check_install("llamacpp")}["embedder batches"].endswith("float32 (NEXUS_EMBED_DTYPE)")
+    monkeypatch.setenv("NEXUS_EMBED_DTYPE", "half")
+    ok, detail = {n: (ok, d) for n, ok, d in check_install("llamacpp")}["embedder batches"]
+    assert not ok and "NEXUS_EMBED_DTYPE='half'" in detail

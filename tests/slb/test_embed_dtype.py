@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from registry.model import Tool
-from slb.embedder import Embedder, EmbedderConfig, native_bf16
+from slb.embedder import Embedder, EmbedderConfig, batch_dtype, native_bf16
 from slb.tools import as_entry, tool_text
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "routing"
@@ -32,6 +32,18 @@ def test_native_bf16_reads_the_cpu_flags():
 def test_config_refuses_an_unknown_dtype():
     with pytest.raises(ValueError, match="batch_dtype"):
         EmbedderConfig(batch_dtype="float16")
+
+
+def test_the_environment_chooses_for_auto_only(monkeypatch):
+    monkeypatch.setenv("NEXUS_EMBED_DTYPE", "float32")
+    assert (batch_dtype("auto"), batch_dtype("bfloat16")) == ("float32", "bfloat16")
+    monkeypatch.setenv("NEXUS_EMBED_DTYPE", "bfloat16")
+    assert (batch_dtype("auto"), batch_dtype("float32")) == ("bfloat16", "float32")
+    monkeypatch.setenv("NEXUS_EMBED_DTYPE", "fp8")
+    with pytest.raises(ValueError, match="NEXUS_EMBED_DTYPE"):
+        batch_dtype("auto")
+    monkeypatch.delenv("NEXUS_EMBED_DTYPE")
+    assert batch_dtype("auto") == ("bfloat16" if native_bf16() else "float32")
 
 
 @needs_catalogue

@@ -2,12 +2,12 @@
 `native.registry.BACKENDS`: MLX (our own model files, one per architecture: `native.models`), llama.cpp, and any
 OpenAI-compatible server.
 
-Importing this package first makes MLX use OpenBLAS on Linux (see `native.blas`).
+Importing this package first makes MLX use OpenBLAS on Linux once MLX is imported (see `native.blas`).
 """
 
-from native.blas import preload_openblas
+from native.blas import preload_before_mlx
 
-preload_openblas()
+preload_before_mlx()
 
 from native.base import (  # noqa: E402
     Backend,

@@ -1,8 +1,9 @@
 """Which BLAS each library's matrix products bind to once `native` has pointed MLX at OpenBLAS (`native.blas`).
 
-The dynamic linker's own record (`LD_DEBUG=bindings`) in a fresh interpreter: MLX's CBLAS calls must reach
-OpenBLAS, and PyTorch's (the tool embedder's) must stay with the MKL routines libtorch_cpu carries; bound to
-OpenBLAS they ran 3-4x slower.
+The dynamic linker's own record (`LD_DEBUG=bindings`) in a fresh interpreter that imports `native`, then MLX, then
+PyTorch: MLX's CBLAS calls must reach OpenBLAS, and PyTorch's (the tool embedder's) must stay with the MKL
+routines libtorch_cpu carries (bound to OpenBLAS they ran 3-4x slower), while importing `native` alone imports
+neither (start-up).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
 import native
-import torch
+assert "torch" not in sys.modules, "importing native imported PyTorch (1.2 s at every nexus command's start)"
 import mlx.core as mx
+import torch
 (torch.ones(64, 64) @ torch.ones(64, 64)).sum()
 mx.eval(mx.ones((64, 64)) @ mx.ones((64, 64)))
 """

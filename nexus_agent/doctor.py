@@ -54,11 +54,9 @@ def check_install(backend_name: str) -> list[Check]:
     try:
         from slb.embedder import batch_dtype, native_bf16
 
-        why = "the CPU multiplies bfloat16 natively" if native_bf16() else "no native bfloat16 on this CPU"
-        dtype = batch_dtype()
-        if os.environ.get("NEXUS_EMBED_DTYPE"):
-            why = "NEXUS_EMBED_DTYPE"
-        out.append(("embedder batches", True, f"tool batches run in {dtype} ({why})"))
+        why = "NEXUS_EMBED_DTYPE" if os.environ.get("NEXUS_EMBED_DTYPE") else \
+            "the CPU multiplies bfloat16 natively" if native_bf16() else "no native bfloat16 on this CPU"
+        out.append(("embedder batches", True, f"tool batches run in {batch_dtype()} ({why})"))
     except ValueError as e:
         out.append(("embedder batches", False, str(e)))
     return out

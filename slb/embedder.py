@@ -130,7 +130,6 @@ class Embedder:
         self.tools_embedded = 0  # tools actually run through the model (neither in memory nor in the store)
         self.tools_from_store = 0
         self.last: EmbedReport | None = None  # what the last `embed_tools` call did
-        self.last_dtype = "float32"  # what the last `embed_texts` call ran in
 
     @property
     def model_id(self) -> str:
@@ -180,6 +179,10 @@ class Embedder:
             return False
         return batch_dtype(self.config.batch_dtype) == "bfloat16"
 
+    def batch_name(self, n: int) -> str:
+        """"bfloat16" or "float32": what `n` texts run in."""
+        return "bfloat16" if self.batch_bf16(n) else "float32"
+
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         """list of N strings -> (N, D) float32, rows L2-normalized. The texts run through the model in batches of
         `batch_size` sorted by token count, so a batch pads to nearly its own length (1,000 catalogue tools, one
@@ -197,10 +200,9 @@ class Embedder:
         threads = torch.get_num_threads()
         if self.config.threads and len(texts) > bs:  # a batch; one query keeps torch's setting
             torch.set_num_threads(self.config.threads)
-        bf16 = self.batch_bf16(len(texts))
-        self.last_dtype = "bfloat16" if bf16 else "float32"
         try:
-            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16,
+                                                         enabled=self.batch_bf16(len(texts))):
                 for i in range(0, len(order), bs):
                     rows = order[i:i + bs]
                     out[rows] = m(prepare([texts[j] for j in rows]))["sentence_embedding"].float().numpy()
@@ -245,7 +247,7 @@ class Embedder:
         self.tools_embedded += len(missing)
         self.tools_from_store += len(stored)
         self.last = EmbedReport(len(unique), len(unique) - len(stored) - len(missing), len(stored), len(missing),
-                                time.perf_counter() - t0, self.last_dtype if missing else None)
+                                time.perf_counter() - t0, self.batch_name(len(missing)) if missing else None)
         if not tools:
             return np.zeros((0, self.dim), np.float32)
         out = np.stack([self._cache[t.schema_hash] for t in tools]).astype(np.float32)

@@ -53,7 +53,7 @@ def test_a_bfloat16_batch_gives_the_float32_vectors_within_rounding():
     f32 = Embedder(EmbedderConfig(batch_dtype="float32"))
     bf16 = Embedder(EmbedderConfig(batch_dtype="bfloat16"))
     x, y = f32.embed_texts(texts), bf16.embed_texts(texts)
-    assert (f32.last_dtype, bf16.last_dtype) == ("float32", "bfloat16")
+    assert (f32.batch_name(len(texts)), bf16.batch_name(len(texts))) == ("float32", "bfloat16")
     np.testing.assert_allclose(np.linalg.norm(y, axis=1), 1.0, atol=1e-5)
     cos = np.sum(x * y, axis=1)
     assert cos.min() > 0.999 and not np.array_equal(x, y), cos.min()  # rounded, not recomputed in float32
@@ -61,8 +61,8 @@ def test_a_bfloat16_batch_gives_the_float32_vectors_within_rounding():
     assert (np.argmax(y @ x.T, axis=1) == np.argmax(x @ x.T, axis=1)).all()
     # a query, or a batch no larger than one model batch, stays float32
     few = texts[: EmbedderConfig().batch_size]
-    np.testing.assert_array_equal(bf16.embed_texts(few), f32.embed_texts(few))
-    assert bf16.last_dtype == "float32"
+    assert bf16.batch_name(len(few)) == "float32"
+    np.testing.assert_allclose(bf16.embed_texts(few), f32.embed_texts(few), atol=1e-6)  # bfloat16: ~1e-3 apart
 
 
 @needs_catalogue

@@ -65,6 +65,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clients", type=int, default=8, help="concurrent streaming clients (0: none)")
     p.add_argument("--client-requests", type=int, default=1, help="requests per concurrent client")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (then a 'timeout' failure)")
+    p.add_argument("--idle", type=float, default=0.0, metavar="S",
+                   help="nexus: after an untimed first request of a size's list, wait up to S s while the server "
+                        "compiles the list's blocks between requests, then time the requests (0: no wait)")
+    p.add_argument("--same-queries", action="store_true",
+                   help="every size sends the same requests (their gold tools among that size's own distractors): "
+                        "the growth with the tool count, not with the queries; default: each size its own queries")
     p.add_argument("--no-peer", action="store_true", help="measure nexus serve only (same as --servers nexus)")
     p.add_argument("--seed", type=int, default=0)
     serve_cold.add_cold_start_argument(p, default="")  # e.g. --cold-start 1000: JSON "cold_start" (evals.serve_cold)
@@ -202,7 +208,7 @@ def _workload(args) -> tuple[dict[int, list[dict]], dict, dict]:
     queries = [queries[i] for i in rng.permutation(len(queries)) if queries[i]["gold_tool"] in tools]
     sizes = [int(s) for s in args.sizes.split(",") if s]
     groups, rest = [], iter(queries)
-    for n in [args.requests] * len(sizes) + [args.turns]:  # distinct golds within a list
+    for n in [args.requests] * (1 if args.same_queries else len(sizes)) + [args.turns]:  # distinct golds in a list
         group: list[dict] = []
         for q in rest:
             if len(group) == n:
@@ -210,6 +216,8 @@ def _workload(args) -> tuple[dict[int, list[dict]], dict, dict]:
             if q["gold_tool"] not in {g["gold_tool"] for g in group}:
                 group.append(q)
         groups.append(group)
+    if args.same_queries:  # every size asks the first group's queries, among its own distractors
+        groups = groups[:1] * len(sizes) + groups[-1:]
     if any(len({q["gold_tool"] for q in g}) > n for g, n in zip(groups, sizes + [args.conversation_size])):
         raise ValueError(f"--requests {args.requests} / --turns {args.turns} exceed a list's size ({args.sizes})")
     golds = {q["gold_tool"] for g in groups for q in g}
@@ -276,11 +284,30 @@ def _summary(rows: list[dict]) -> dict:
             "prompt_tokens": _p([r["prompt_tokens"] for r in rows], 0.5)}
 
 
+def _idle_wait(srv: Server, tools: list[dict], limit: float) -> dict:
+    """An untimed request with `tools` (a greeting), then /v1/nexus/stats polled until the server has compiled
+    the list's blocks or `limit` s passed: how long it took and what was left."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello!"}]
+    srv.send(_body(messages, tools, 16), None)
+    t0 = time.perf_counter()
+    while True:
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        c.request("GET", "/v1/nexus/stats")
+        blocks = json.loads(c.getresponse().read()).get("blocks") or {"pending": 0}
+        if not blocks["pending"] or time.perf_counter() - t0 > limit:
+            return {"idle_s": round(time.perf_counter() - t0, 1), "blocks_pending": blocks["pending"]}
+        time.sleep(2.0)
+
+
 def _measure_sizes(srv: Server, plan: dict, tools: dict, count, args) -> dict:
     out = {}
     for size, rows in plan.items():
         if srv.name != "nexus" and size >= 250 and args.peer_requests is not None:
             rows = rows[:args.peer_requests]
+        idle = _idle_wait(srv, rows[0]["tools"], args.idle) if srv.name == "nexus" and args.idle else {}
+        if idle:
+            print(f"  {srv.name} {size} tools: blocks compiled while idle in {idle['idle_s']} s, "
+                  f"{idle['blocks_pending']} pending", file=sys.stderr, flush=True)
         done = []
         for row in rows:
             messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": row["query"]}]
@@ -290,7 +317,7 @@ def _measure_sizes(srv: Server, plan: dict, tools: dict, count, args) -> dict:
             print(f"  {srv.name} {size} tools ({tokens} tokens): {r['tool']} (gold {row['gold']}) first byte "
                   f"{_ms(r['first_tool_ms'])} ms, call {_ms(r['complete_ms'])} ms, {r['failure'] or 'ok'} "
                   f"{r['error'] or ''}", file=sys.stderr, flush=True)
-        out[str(size)] = _summary(done) | {"rows": done}
+        out[str(size)] = _summary(done) | idle | {"rows": done}
     return out
 
 
@@ -364,7 +391,8 @@ def run(args: argparse.Namespace) -> dict:
     plan, conv, tools = _workload(args)
     count = _Tokens(gguf)
     env = dict(os.environ, NEXUS_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    result = {"model": os.path.basename(gguf), "sizes": sorted(plan), "requests": args.requests,
+    result = {"model": os.path.basename(gguf), "sizes": sorted(plan), "requests": args.requests, "idle": args.idle,
+              "same_queries": args.same_queries,
               "peer_requests": args.peer_requests, "n_ctx": args.n_ctx, "seed": args.seed, "servers": {},
               "conversation": {}, "concurrent": {}, "restarts": {}, "server_errors": {}}
     with tempfile.TemporaryDirectory() as tmp:

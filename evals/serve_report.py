@@ -53,6 +53,11 @@ def table(r: dict) -> str:
                          pct(x["tool_acc"]), pct(x["args_valid"]), _fails(x)])
     out = md_table(["server", "tools", "prompt with every tool (tokens)", "first tool byte (ms, p50)",
                     "complete call (ms, p50)", "first request's call (ms)", "right tool", "args valid", "failed"], rows)
+    idle = [f"{n} tools {x['idle_s']} s" + (f" ({x['blocks_pending']} left)" if x["blocks_pending"] else "")
+            for n, x in sorted((r["servers"].get("nexus") or {}).items(), key=lambda kv: int(kv[0])) if "idle_s" in x]
+    if idle:
+        out += ("\n\nnexus was sent each list once (untimed) and compiled its blocks between requests before the "
+                "timed requests (`--idle`): " + ", ".join(idle) + ".")
     if r["conversation"]:
         conv = [[n, _ms(c["total_ms"]), " / ".join(str(_ms(t)) for t in c["turn_ms"]), pct(c["tool_acc"]),
                  f"{c['failed']}/{len(c['turn_ms'])}"] for n, c in r["conversation"].items()]

@@ -70,3 +70,23 @@ def test_tiny_run_json_and_table(routing_data, capsys):
     assert r["servers"]["llama_cpp"]["10"]["prompt_tokens"] < 200
     out = capsys.readouterr().out
     assert "| nexus | 10 |" in out and "| llama_cpp | 10 |" in out and "conversation total (ms)" in out
+
+
+def test_same_queries_ask_every_size_the_same_requests_among_its_own_distractors(routing_data):
+    import argparse
+
+    from evals import serve
+
+    p = argparse.ArgumentParser()
+    serve.add_arguments(p)
+    base = ["--catalog", str(routing_data / "tools.jsonl"), "--queries", str(routing_data / "queries.jsonl"),
+            "--sizes", "10,50", "--requests", "3", "--turns", "0"]
+    plan, _, _ = serve._workload(p.parse_args(base + ["--same-queries"]))
+    small, large = plan[10], plan[50]
+    assert [r["query"] for r in small] == [r["query"] for r in large] and len(small) == 3
+    names = {n: {t["function"]["name"] for t in rows[0]["tools"]} for n, rows in plan.items()}
+    golds = {r["gold"] for r in small}
+    assert len(names[10]) == 10 and len(names[50]) == 50 and golds <= names[10] & names[50]
+    assert names[10] & names[50] == golds  # each size its own distractors
+    plan, _, _ = serve._workload(p.parse_args(base))  # the default: each size its own queries
+    assert not {r["query"] for r in plan[10]} & {r["query"] for r in plan[50]}

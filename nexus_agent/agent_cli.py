@@ -41,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--n-ctx", type=int, default=8192, help="tokens per live context (default 8192)")
     s.add_argument("--contexts", type=int, default=2, help="conversation contexts kept for prefix reuse")
     s.add_argument("--max-body-mb", type=float, default=8.0, help="larger request bodies get HTTP 413")
+    s.add_argument("--no-idle-compile", action="store_true",
+                   help="do not compile a new tool list's schema blocks between requests")
     s.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     s.set_defaults(func=_serve)
 
@@ -116,7 +118,8 @@ def _serve(args: argparse.Namespace) -> int:
     from nexus_agent.serve_engine import EngineConfig
     from nexus_agent.server import ServeConfig, serve
 
-    engine = EngineConfig(args.backend, args.model, args.n_ctx, args.kv_budget, args.contexts)
+    engine = EngineConfig(args.backend, args.model, args.n_ctx, args.kv_budget, args.contexts,
+                          compile_idle=not args.no_idle_compile)
     return serve(ServeConfig(args.host, args.port, args.api_key, int(args.max_body_mb * (1 << 20)), args.log_level,
                              engine))
 

@@ -141,26 +141,46 @@ def check_buffer(store) -> list[Check]:
 
 
 def check_blocks(store) -> list[Check]:
+    """The registry's schema blocks (`nexus compile`: stale when their tool changed) and the decision's candidate
+    blocks (`nexus_agent.turn.blocks`, in `.../tools` folders: keyed by their tokens, never stale): checksums,
+    staleness, leftover temp files."""
+    from nexus_agent.turn.blocks import DISK_BYTES
     from registry.home import home_path
     from splice.block import BlockError, BlockKey, load_block, read_header
+
+    def verify(p: Path) -> tuple[dict | None, str | None]:
+        try:
+            header, _ = read_header(p)
+            load_block(p, BlockKey(**{f: header.get(f) for f in BlockKey.__dataclass_fields__}))  # checksum, size
+            return header, None
+        except (BlockError, TypeError) as e:
+            return None, f"{p.name}: {str(e).split(': ', 1)[-1]}"
 
     root = home_path("blocks")
     files = sorted(root.rglob("*.kvb")) if root.exists() else []
     leftovers = sorted(p for p in root.rglob("*.tmp")) if root.exists() else []
     current = {t.name: t.schema_hash for t in store.list_tools()}
     ok, stale, broken = 0, [], []
+    cand_ok, cand_broken, cand_bytes = 0, [], 0
     for p in files:
-        try:
-            header, _ = read_header(p)
-            load_block(p, BlockKey(**{f: header.get(f) for f in BlockKey.__dataclass_fields__}))  # checksum, size
-        except (BlockError, TypeError) as e:
-            broken.append(f"{p.name}: {str(e).split(': ', 1)[-1]}")
-            continue
-        if current.get(header["tool"]) != header["schema_hash"]:
+        header, error = verify(p)
+        if p.parent.name == "tools":
+            cand_bytes += p.stat().st_size
+            cand_ok += error is None
+            cand_broken += [error] if error else []
+        elif error:
+            broken.append(error)
+        elif current.get(header["tool"]) != header["schema_hash"]:
             stale.append(p.name)
         else:
             ok += 1
     rows = [("kv blocks", not broken, f"{ok} ok, {len(stale)} stale, {len(broken)} broken in {root}")]
+    if cand_ok or cand_broken:
+        rows.append(("candidate blocks", not cand_broken,
+                     f"{cand_ok} ok, {len(cand_broken)} broken, {cand_bytes / 1e9:.2f} GB (at most "
+                     f"{DISK_BYTES / 2**30:.0f} GiB, least recently used out) in {root}/*/*/tools"
+                     + (f"; {'; '.join(cand_broken[:3])}: delete them (compiled again when shown)" if cand_broken
+                        else "")))
     if broken:
         rows.append(("kv blocks broken", False, f"{'; '.join(broken[:3])}: delete them and run `nexus compile` "
                      "(until then these tools are prefilled as text)"))

@@ -278,6 +278,9 @@ class Agent:
         return answer
 
     def close(self) -> None:
+        if self.decider is not None and self.decider.blocks is not None:  # the blocks this session compiled
+            self.decider.blocks.save()
+            self.decider.blocks.close_scratch()
         self.decoder.close()
         self.pool.close()
         self.trace.close()

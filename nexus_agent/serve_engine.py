@@ -44,7 +44,8 @@ class Cancelled(Exception):
 class EngineConfig:
     """backend/model: as `nexus generate` (None: the packaged SmolLM2); n_ctx: tokens per live context;
     kv_budget: the conversation contexts' KV budget (eviction, `nexus_agent.memory`); contexts: conversation
-    contexts kept for prefix reuse; embed_cache / router_cache: LRU sizes (tools, tool lists)."""
+    contexts kept for prefix reuse; embed_cache / router_cache: LRU sizes (tools, tool lists); compile_idle: compile
+    the schema blocks of a new tool list between requests (`idle_step`)."""
 
     backend: str = "llamacpp"
     model: str | None = None
@@ -54,6 +55,7 @@ class EngineConfig:
     max_arg_tokens: int = 160
     embed_cache: int = 8192
     router_cache: int = 8
+    compile_idle: bool = True
 
     def __post_init__(self):
         if self.contexts < 1:
@@ -121,15 +123,17 @@ class Engine:
         self.trace.events.clear()
 
     # -- tools and routing ------------------------------------------------------------------------------------
-    def router_for(self, tools: list):
-        """A gate-mode Router over `tools` (cached per tool list; embeddings cached per schema hash)."""
+    def router_for(self, tools: list, messages: list[dict] | None = None):
+        """A gate-mode Router over `tools` (cached per tool list; embeddings cached per schema hash). With the
+        request's `messages`, a new list that the decision shows a few at a time has its tools' blocks queued
+        to compile while idle (`idle_step`), after the head those messages give."""
         from slb.buffer import quantize_rows
         from slb.index import ScanIndex
         from slb.router import Router
         from slb.tools import as_entry, strip_server_prefixes
 
         entries = strip_server_prefixes([as_entry(t) for t in tools])  # routing texts without framework prefixes
-        key = hashlib.sha256("\n".join(e.schema_hash for e in entries).encode()).hexdigest()
+        key = _list_key(entries)
         if key in self.routers:
             self.routers.move_to_end(key)
             return self.routers[key]
@@ -143,6 +147,10 @@ class Engine:
         self.routers[key] = router
         if len(self.routers) > self.config.router_cache:
             self.routers.popitem(last=False)
+        if self.config.compile_idle and messages is not None and len(tools) > self.decider.profile.fit_all:
+            from nexus_agent.openai_api import template_messages
+
+            self.decider.queue_blocks(template_messages(messages), tools)
         return router
 
     def plan(self, req: ChatRequest) -> list[tuple[object, str]]:
@@ -196,7 +204,7 @@ class Engine:
 
         tool_choice = req.tool_choice if req.named or req.tool_choice == "required" else "auto"
         try:
-            return decide_turn(self.decider, self.router_for(req.tools), {t.name: t for t in req.tools},
+            return decide_turn(self.decider, self.router_for(req.tools, req.messages), {t.name: t for t in req.tools},
                                req.messages, self._context, self.config.n_ctx, self.decoder.decode, tool_choice,
                                req.parallel_tool_calls, self.config.max_arg_tokens, arguments, on_arguments,
                                req.max_tokens)
@@ -367,16 +375,34 @@ class Engine:
             live.ids = (ids + out)[: live.session.n_past]
         emit(("finish", finish or "stop", usage_of(len(ids), len(out))))
 
+    def idle_step(self, stop: Callable[[], bool] = lambda: False) -> bool:
+        """One unit of work while no request waits (one tool's prefill at most, given up when `stop()` turns
+        true): the candidates' blocks of a new tool list compiled and written to the Nexus home. Whether more
+        remains."""
+        blocks = self.decider.blocks
+        return blocks is not None and blocks.pending > 0 and blocks.idle_step(stop)
+
     def stats(self) -> dict:
+        b = self.decider.blocks
+        blocks = {"held": len(b.blocks), "pending": b.pending, "compiled": b.compiled, "saved": b.saved,
+                  "loaded": b.loaded} if b is not None else None
         return {"contexts": len(self.contexts), "context_tokens": [len(c.ids) for c in self.contexts],
                 "embedding_cache": self.embedder.memory_vectors, "router_cache": len(self.routers),
-                "tools_embedded": self.embedder.tools_embedded, "tools_from_store": self.embedder.tools_from_store}
+                "tools_embedded": self.embedder.tools_embedded, "tools_from_store": self.embedder.tools_from_store,
+                "blocks": blocks}
 
     def close(self) -> None:
+        if self.decider.blocks is not None:  # blocks compiled by the last requests outlive the process
+            self.decider.blocks.save()
+            self.decider.blocks.close_scratch()
         for live in self.contexts:
             live.close()
         self.decoder.close()
         self.backend.close()
+
+
+def _list_key(entries) -> str:
+    return hashlib.sha256("\n".join(e.schema_hash for e in entries).encode()).hexdigest()
 
 
 def _pieces(tok, ids: list[int]):

@@ -17,6 +17,10 @@ POLL_S), an exception inside one request is that request's 500 (`failed` in the 
 and a model's miss is not an exception at all: the engine answers in text naming the missing value
 (`nexus_agent.arguments.decoder`). Tool-call arguments and text reach the client as the engine decodes them
 (events `tool_call`, `arguments`, `content`); which arguments may stream live is the decoder's rule.
+
+Between requests the worker compiles the schema blocks of the tool lists it has seen (`Engine.idle_step`, about
+64 tokens of one tool's prefill at a time, under the same lock: a request that arrives waits at most that
+long), so the candidates of later requests splice instead of prefilling their schemas as text.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from nexus_agent.serve_engine import Engine, EngineConfig
 log = logging.getLogger("nexus.serve")
 DRAIN_BYTES = 64 << 20  # an oversized body is read this far before the 413, then dropped
 POLL_S = 0.25  # how often a waiting request checks that its client is still there
+IDLE_AFTER_S = 0.5  # idle work starts after this long without a request (an agent's tool call is often quicker)
 
 
 @dataclass
@@ -78,6 +83,7 @@ class Scheduler:
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="nexus-model")
         self.jobs = self.queued = self.active = 0
         self.requests = self.cancelled = self.failed = 0
+        self.idle: asyncio.Task | None = None
 
     def submit(self, req) -> Job:
         job = Job(req, asyncio.get_running_loop())
@@ -105,6 +111,27 @@ class Scheduler:
             self.queued -= queued
             self.jobs -= 1
             job.events.put_nowait(("end",))
+            self.kick()
+
+    def kick(self) -> None:
+        """Start the idle work unless it runs already."""
+        if self.idle is None or self.idle.done():
+            self.idle = asyncio.get_running_loop().create_task(self._idle())
+
+    async def _idle(self) -> None:
+        """Idle work one step at a time while no request is waiting or running."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(IDLE_AFTER_S)
+        more = True
+        while more and not self.jobs:
+            async with self.lock:
+                if self.jobs:  # a request came while this waited for the lock: it goes first
+                    return
+                try:
+                    more = await loop.run_in_executor(self.worker, self.engine.idle_step, lambda: self.jobs > 0)
+                except Exception:  # idle work must never take the server down
+                    log.exception("idle work failed")
+                    return
 
     def _work(self, job: Job) -> None:
         try:
@@ -122,6 +149,8 @@ class Scheduler:
                 "cancelled": self.cancelled, "failed": self.failed, **self.engine.stats()}
 
     def close(self) -> None:
+        if self.idle is not None:
+            self.idle.cancel()
         self.worker.shutdown(wait=True)
 
 

@@ -39,9 +39,9 @@ class SpliceResult:
         return self.redecoded / self.n_tokens if self.n_tokens else 0.0
 
 
-def apply_plan(session: KVSession, kv: KVRange, plan: RepairPlan) -> int:
-    """Insert block `kv` at `session.n_past` per `plan`; returns how many block tokens were decoded as text or
-    recomputed.
+def apply_plan(session: KVSession, kv: KVRange, plan: RepairPlan, lead: list[int] = ()) -> int:
+    """Insert block `kv` at `session.n_past` per `plan`, after the text tokens `lead` (decoded in the same pass as
+    the block's head: one model pass fewer); returns how many block tokens were decoded as text or recomputed.
 
     head n (tail t): decode kv.tokens[:n] as text, import kv[n:T-t] re-anchored right after them (a batch must
     start at the last position + 1, so the head goes first), then decode the last t tokens as text.
@@ -55,11 +55,12 @@ def apply_plan(session: KVSession, kv: KVRange, plan: RepairPlan) -> int:
     n = min(plan.n, T)
     # every plan but text is (head decoded as text, spliced middle, tail decoded as text)
     head, tail = {"none": (0, 0), "suffix": (0, n), "head": (n, plan.tail), "blend": (n, 0)}.get(plan.mode, (T, 0))
+    lead = [int(t) for t in lead]
     if plan.mode == "text" or plan.mode != "none" and head + tail >= T:
-        session.prefill(tokens)
+        session.prefill(lead + tokens)
         return T
-    if head:
-        session.prefill(tokens[:head])
+    if head or lead:
+        session.prefill(lead + tokens[:head])
     start = session.n_past
     session.import_kv(kv, span=(head, T - tail) if head or tail else None, rotate=plan.rotate)
     if tail:
@@ -68,18 +69,19 @@ def apply_plan(session: KVSession, kv: KVRange, plan: RepairPlan) -> int:
     return head + tail + recomputed
 
 
-def splice_or_text(session: KVSession, kv: KVRange, plan: RepairPlan) -> tuple[int, str | None]:
+def splice_or_text(session: KVSession, kv: KVRange, plan: RepairPlan, lead: list[int] = ()) -> tuple[int, str | None]:
     """`apply_plan`, failing closed: when the backend refuses the import (`BackendError`: a KV layout it cannot
     convert, such as a quantized V cache saved with the other flash-attention setting, or a state it cannot read),
     whatever the attempt added is removed and the block's tokens are prefilled as text. Returns (tokens decoded as
-    text or recomputed, the refusal in words or None)."""
+    text or recomputed (not counting `lead`, text before the block: `apply_plan`), the refusal in words or None)."""
     start = session.n_past
     try:
-        return apply_plan(session, kv, plan), None
+        return apply_plan(session, kv, plan, lead), None
     except BackendError as e:
         if session.n_past > start:
             session.remove(start, session.n_past)
-        session.prefill([int(t) for t in kv.tokens])  # a full context raises here, as text prefill would
+        # a full context raises here, as text prefill would
+        session.prefill([int(t) for t in lead] + [int(t) for t in kv.tokens])
         return len(kv), f"the backend refused the block: {e}"
 
 

@@ -7,20 +7,37 @@ at its new depth (`splice.splicer.splice_or_text`: the keys re-anchored by RoPE,
 as text, which repairs most of what a block computed after other tools gets wrong: DESIGN section 6). The
 prompt's head (system text, tools preamble) and tail (the conversation) are prefilled as text, the head
 usually reused from the live context's prefix.
+
+With a `folder` (`decider_for` gives the Nexus home's `blocks/<fingerprint>/<backend>/tools`), blocks outlive
+the process: a block compiled during a request is written out by `save` (called while idle, off the request
+path; in a process without idle work, every SAVE_AFTER blocks and at its close), a block not in memory is read
+back from its file (checked: `splice.block.load_block`), and the folder is kept under `disk_bytes`, least
+recently used first out. `queue` + `idle_step` compile a tool list's blocks while the server has nothing else
+to do, so a tool's first showing can splice as well.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
 
+from splice.block import BlockError, BlockKey, load_block, read_header, write_block
 from splice.profile import RepairPlan
 from splice.splicer import splice_or_text, tokens_match
 
 DEFAULT_HEAD = 48  # measured: 16 leaves the names misread, 48 matches text on Qwen2.5-Coder-0.5B
 MAX_BLOCKS = 512  # ~1-2 MB each for a 0.5B model: an upper bound of ~1 GB
+SAVE_AFTER = 16  # unsaved blocks written at once where no idle work writes them (nexus run, nexus mcp)
+IDLE_CHUNK = 64  # tokens per prefill call while idle: a request that arrives waits at most one chunk (~0.5 s)
+DISK_BYTES = 4 << 30  # the folder's bound: ~2,000 tools of a 0.5B model (1.9 MB each), ~900 of the 1.5B
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -30,50 +47,194 @@ class SpliceStats:
     text_tokens: int = 0  # tokens prefilled as text (head, tail, repairs, first sights)
     ms: float = 0.0
     refused: str | None = None  # the backend's reason when it refused a block (the tool went in as text)
+    exact: int = 0  # of the spliced, blocks computed after the very tokens before them: spliced without repair
 
 
 class ToolBlocks:
-    """An LRU of tool blocks for one backend: tokens -> KVRange."""
+    """An LRU of tool blocks for one backend (tokens -> KVRange), over a folder of block files when given."""
 
-    def __init__(self, backend, head: int = DEFAULT_HEAD, capacity: int = MAX_BLOCKS):
-        self.backend, self.capacity = backend, capacity
+    def __init__(self, backend, head: int = DEFAULT_HEAD, capacity: int = MAX_BLOCKS, folder: Path | None = None,
+                 disk_bytes: int = DISK_BYTES):
+        self.backend, self.capacity, self.disk_bytes = backend, capacity, disk_bytes
+        self.folder = Path(folder) if folder is not None else None
         self.plan = RepairPlan("head", head)
         self.blocks: OrderedDict[str, object] = OrderedDict()
+        self.after: dict[str, str] = {}  # key -> key of the tokens the block was computed after
+        self.unsaved: OrderedDict[str, object] = OrderedDict()  # compiled, not written yet (`save`)
+        self.todo: deque = deque()  # (render, tool) to compile while idle (`queue`, `idle_step`)
+        self.scratch: tuple | None = None  # (head, session) of the last compile
+        self.loaded = self.saved = self.compiled = 0
 
     @staticmethod
     def key(tokens: list[int]) -> str:
         return hashlib.blake2b(repr(tokens).encode(), digest_size=16).hexdigest()
+
+    def _path(self, k: str) -> Path:
+        return self.folder / f"{k}.kvb"
+
+    def _expect(self, k: str) -> BlockKey:
+        b = self.backend
+        return BlockKey(backend=b.name, fingerprint=b.info.fingerprint, tokenizer=b.tokenizer.digest, tool="",
+                        schema_hash=k)
 
     def get(self, tokens: list[int]):
         k = self.key(tokens)
         kv = self.blocks.get(k)
         if kv is not None:
             self.blocks.move_to_end(k)
+        elif k in self.unsaved:  # out of the memory LRU before its file was written
+            kv = self.unsaved[k]
+            self._hold(k, kv)
+        elif self.folder is not None and self._path(k).exists():
+            try:
+                header, kv = load_block(self._path(k), self._expect(k))
+            except BlockError as e:  # corrupt or foreign: compiled again, the file replaced
+                log.warning("%s", e)
+                self._path(k).unlink(missing_ok=True)
+                return None
+            os.utime(self._path(k))  # most recently used: pruned last
+            self.loaded += 1
+            self._hold(k, kv, header.get("after"))
         return kv
 
-    def put(self, tokens: list[int], kv) -> None:
-        self.blocks[self.key(tokens)] = kv
+    def held(self, tokens: list[int]) -> bool:
+        k = self.key(tokens)
+        return k in self.blocks or k in self.unsaved or (self.folder is not None and self._path(k).exists())
+
+    def computed_after(self, tokens: list[int], before: list[int]) -> bool:
+        """Whether the block of `tokens` is held (memory or folder) and was computed right after `before`."""
+        k = self.key(tokens)
+        if k in self.after:
+            return self.after[k] == self.key(before)
+        if self.folder is None or not self._path(k).exists():
+            return False
+        try:
+            return read_header(self._path(k))[0].get("after") == self.key(before)
+        except BlockError:
+            return False
+
+    def put(self, tokens: list[int], kv, after: list[int] | None = None) -> None:
+        """Hold `kv`, the block of `tokens` computed after the tokens `after` (when known)."""
+        k = self.key(tokens)
+        self._hold(k, kv, self.key(after) if after is not None else None)
+        self.compiled += 1
+        if self.folder is not None:
+            self.unsaved[k] = kv
+            if len(self.unsaved) >= SAVE_AFTER:  # a process without idle time must not hold them all
+                self.save()
+
+    def _hold(self, k: str, kv, after: str | None = None) -> None:
+        self.blocks[k] = kv
+        if after is not None:
+            self.after[k] = after
         while len(self.blocks) > self.capacity:
-            self.blocks.popitem(last=False)
+            gone, _ = self.blocks.popitem(last=False)
+            if gone not in self.unsaved:
+                self.after.pop(gone, None)
+
+    def save(self) -> int:
+        """Write the blocks compiled since the last save into the folder, then keep the folder under `disk_bytes`
+        (least recently used files out); how many were written."""
+        if self.folder is None or not self.unsaved:
+            return 0
+        b, n = self.backend, 0
+        while self.unsaved:
+            k, kv = self.unsaved.popitem(last=False)
+            header = {"backend": b.name, "fingerprint": b.info.fingerprint, "tokenizer": b.tokenizer.digest,
+                      "tool": "", "schema_hash": k, "context": 0, "after": self.after.get(k)}
+            try:
+                write_block(self._path(k), header, kv)
+                n += 1
+            except OSError as e:  # a full disk costs the block its file, not the request
+                log.warning("tool block not saved: %s", e)
+            if k not in self.blocks:  # out of memory already: its file holds the rest
+                self.after.pop(k, None)
+        self.saved += n
+        files = []
+        for f in self.folder.glob("*.kvb"):
+            try:
+                st = f.stat()
+            except OSError:  # another process (nexus mcp, a second server) pruned it meanwhile
+                continue
+            files.append((st.st_mtime, st.st_size, f))
+        files.sort()
+        total = sum(size for _, size, _ in files)
+        for _, size, f in files:
+            if total <= self.disk_bytes:
+                break
+            f.unlink(missing_ok=True)
+            total -= size
+        return n
+
+    def queue(self, render: Callable[[object], tuple[list[int], list[int]]], tools: Iterable) -> None:
+        """Queue the blocks of `tools` to compile while idle; `render(tool) -> (head, segment)` gives a tool's
+        tokens and the prompt before the tools section's first tool, called when its turn comes (rendering a
+        thousand tools on the request path would cost seconds)."""
+        self.todo.extend((render, t) for t in tools)
+
+    @property
+    def pending(self) -> int:
+        """Blocks queued to compile or waiting to be written."""
+        return len(self.todo) + len(self.unsaved)
+
+    def idle_step(self, stop: Callable[[], bool] = lambda: False) -> bool:
+        """One unit of idle work: write what is unsaved, or compile the next queued block, IDLE_CHUNK tokens at a
+        time; `stop()` true between chunks (a request is waiting) drops the partial block and requeues its tool
+        first. Whether work remains."""
+        if self.unsaved:
+            self.save()
+        while self.todo and not stop():
+            render, tool = self.todo.popleft()
+            head, seg = render(tool)
+            if self.computed_after(seg, head):  # a block shown first deeper in a prompt is compiled again here:
+                continue  # right after the head, it splices as is wherever it is the first candidate
+            session = self._scratch(head, len(seg))
+            m0 = session.n_past
+            for i in range(0, len(seg), IDLE_CHUNK):
+                if stop():
+                    session.remove(m0, session.n_past)
+                    self.todo.appendleft((render, tool))
+                    return True
+                session.prefill(list(seg[i:i + IDLE_CHUNK]))
+            self.put(list(seg), session.export_kv(m0, m0 + len(seg)), head)
+            session.remove(m0, session.n_past)
+            break
+        if not self.todo:
+            self.close_scratch()
+        return self.pending > 0
 
     def compile(self, head: list[int], segments: list[list[int]]) -> int:
         """Compile the blocks of `segments` (tool JSON tokens) not held yet, each right after `head` (the
         prompt up to the tools section's first tool) in a scratch session: the canonical place, as
         `nexus compile` does for schema segments. Returns how many were compiled."""
-        todo = [s for s in segments if self.get(s) is None]
+        todo = [s for s in segments if not self.held(s)]
         if not todo:
             return 0
-        session = self.backend.new_session(len(head) + max(len(s) for s in todo) + 8)
-        try:
-            session.prefill(list(head))
-            m0 = session.n_past
-            for seg in todo:
-                session.prefill(list(seg))
-                self.put(list(seg), session.export_kv(m0, m0 + len(seg)))
-                session.remove(m0, session.n_past)
-        finally:
-            session.close()
+        session = self._scratch(head, max(len(s) for s in todo))
+        m0 = session.n_past
+        for seg in todo:
+            session.prefill(list(seg))
+            self.put(list(seg), session.export_kv(m0, m0 + len(seg)), head)
+            session.remove(m0, session.n_past)
         return len(todo)
+
+    def _scratch(self, head: list[int], longest: int):
+        """A scratch session holding `head`, kept for the next compile after the same head (idle work compiles
+        one block per step)."""
+        if self.scratch is not None:
+            held, session = self.scratch
+            if held == tuple(head) and session.n_ctx >= len(head) + longest + 8:
+                return session
+            self.close_scratch()
+        session = self.backend.new_session(len(head) + max(longest, 2048) + 8)
+        session.prefill(list(head))
+        self.scratch = (tuple(head), session)
+        return session
+
+    def close_scratch(self) -> None:
+        if self.scratch is not None:
+            self.scratch[1].close()
+            self.scratch = None
 
     def prefill(self, live, ids: list[int], spans: list[tuple[int, int]]) -> tuple:
         """Make `live` hold `ids` with every span in `spans` spliced from its block (or prefilled and kept);
@@ -87,6 +248,9 @@ class ToolBlocks:
                 break
             keep += 1
         keep = min(keep, len(ids) - 1)
+        for a, b in spans:  # a tool whose first tokens are cached (its JSON opens like the last prompt's tool):
+            if a < keep < b and self.held(ids[a:b]):  # splice it whole rather than prefill its rest as text
+                keep = a
         if keep < session.n_past:
             session.remove(keep, session.n_past)
         live.ids = list(ids[:keep])
@@ -99,12 +263,15 @@ class ToolBlocks:
                 session.prefill(seg)
                 st.text_tokens += len(seg)
             else:
-                if a > pos:
-                    session.prefill(list(ids[pos:a]))
-                    st.text_tokens += a - pos
+                lead = list(ids[pos:a])  # text between tools: decoded with the next block's head, in one pass
+                st.text_tokens += len(lead)
                 kv = self.get(seg)
                 if kv is not None and tokens_match(kv, seg):
-                    n, refused = splice_or_text(session, kv, self.plan)
+                    # computed after these very tokens at these positions: what text prefill would compute
+                    exact = int(kv.positions[0]) == a == session.n_past + len(lead) and \
+                        self.after.get(self.key(seg)) == self.key(ids[:a])
+                    n, refused = splice_or_text(session, kv, RepairPlan("none", 0) if exact else self.plan, lead)
+                    st.exact += exact and not refused
                     st.text_tokens += n
                     if refused:
                         st.refused = refused
@@ -112,9 +279,9 @@ class ToolBlocks:
                     else:
                         st.spliced += 1
                 else:
-                    start = session.n_past
-                    session.prefill(seg)
-                    self.put(seg, session.export_kv(start, start + len(seg)))
+                    start = session.n_past + len(lead)
+                    session.prefill(lead + seg)
+                    self.put(seg, session.export_kv(start, start + len(seg)), ids[:a])
                     st.text_tokens += len(seg)
                     st.compiled += 1
             pos = b

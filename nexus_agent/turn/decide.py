@@ -146,6 +146,20 @@ class Decider:
         head = messages[0]["content"] + "\n\n" if messages and messages[0]["role"] == "system" else ""
         return self.tok.encode_chat([{"role": "system", "content": head + system}, *rest]), []
 
+    def queue_blocks(self, messages: list[dict], tools: list) -> None:
+        """Queue the blocks of `tools` (registry Tools) to be compiled while idle (`ToolBlocks.idle_step`), each
+        after the head the conversation's system message gives, as `prompt` renders it (nothing where the
+        candidates are not spliced)."""
+        if self.blocks is None or not self.fmt.template_tools:
+            return
+        system = [m for m in messages[:1] if m["role"] == "system"]
+
+        def render(tool) -> tuple[list[int], list[int]]:
+            ids, ((a, b),) = self.prompt([*system, {"role": "user", "content": "?"}], [Candidate(tool, 0.0, 0)])
+            return ids[:a], ids[a:b]
+
+        self.blocks.queue(render, tools)
+
     def p_call(self, logits: np.ndarray) -> float:
         z = logits.astype(np.float64)
         p = np.exp(z - z.max())
@@ -315,13 +329,16 @@ def _new_part(args: dict | None, earlier: list[Choice], request: str) -> bool:
 
 def decider_for(backend) -> Decider:
     """The backend's Decider: its model's call format and decide profile, with candidate blocks where the
-    profile splices and the backend can."""
+    profile splices and the backend can (kept in the Nexus home's `blocks/<fingerprint>/<backend>/tools`)."""
     from nexus_agent.turn.blocks import ToolBlocks
     from nexus_agent.turn.profile import load_decide_profile
+    from registry.home import nexus_home
 
     fmt = probe_call_format(backend.tokenizer)
     profile = load_decide_profile(backend.info.fingerprint, fmt.template_tools)
-    blocks = ToolBlocks(backend) if profile.splice and backend.capabilities.can_splice else None
+    blocks = None
+    if profile.splice and backend.capabilities.can_splice:
+        blocks = ToolBlocks(backend, folder=nexus_home() / "blocks" / backend.info.fingerprint / backend.name / "tools")
     return Decider(backend, profile, fmt, blocks)
 
 

@@ -89,3 +89,22 @@ def test_doctor_says_what_tool_batches_run_in(monkeypatch):
     monkeypatch.setenv("NEXUS_EMBED_DTYPE", "half")
     ok, detail = {n: (ok, d) for n, ok, d in check_install("llamacpp")}["embedder batches"]
     assert not ok and "NEXUS_EMBED_DTYPE='half'" in detail
+
+
+def test_candidate_blocks_are_checked_but_never_stale(llamacpp_backend, nexus_home):
+    from nexus_agent.turn.blocks import ToolBlocks
+
+    b = llamacpp_backend
+    folder = nexus_home / "blocks" / b.info.fingerprint / b.name / "tools"  # where decider_for keeps them
+    blocks = ToolBlocks(b, folder=folder)
+    tok = b.tokenizer
+    blocks.compile(tok.encode("Tools:\n"), [tok.encode('{"name": "add"}'), tok.encode('{"name": "multiply"}')])
+    assert blocks.save() == 2
+    with RegistryStore() as store:  # an empty registry: no tool of theirs to be stale against
+        rows = _rows(store)
+        assert rows["kv blocks"] == (True, f"0 ok, 0 stale, 0 broken in {nexus_home / 'blocks'}")
+        assert rows["candidate blocks"][0] and rows["candidate blocks"][1].startswith("2 ok, 0 broken")
+        victim = sorted(folder.glob("*.kvb"))[0]
+        _flip(victim, victim.stat().st_size - 1)
+        ok, detail = _rows(store)["candidate blocks"]
+    assert not ok and detail.startswith("1 ok, 1 broken") and victim.name in detail and "checksum" in detail

@@ -26,6 +26,9 @@ def client(serve_url):
 
 @pytest.fixture(scope="session")
 def qwen_serve_url(tmp_path_factory, qwen_gguf):
-    """Root URL of a `nexus serve` over Qwen2.5-Coder-0.5B with an 8k context, started once per session."""
-    with running_serve(tmp_path_factory.mktemp("qwen-serve"), "--model", qwen_gguf, "--n-ctx", "8192") as url:
+    """Root URL of a `nexus serve` over Qwen2.5-Coder-0.5B with an 8k context, started once per session. Without
+    compiling between requests: a 250-tool list would keep a core busy for minutes under the other tests
+    (`test_idle_blocks` runs a server that does)."""
+    with running_serve(tmp_path_factory.mktemp("qwen-serve"), "--model", qwen_gguf, "--n-ctx", "8192",
+                       "--no-idle-compile") as url:
         yield url

@@ -279,8 +279,10 @@ class ToolBlocks:
                     else:
                         st.spliced += 1
                 else:
-                    start = session.n_past + len(lead)
-                    session.prefill(lead + seg)
+                    if lead:
+                        session.prefill(lead)
+                    start = session.n_past
+                    session.prefill(seg)
                     self.put(seg, session.export_kv(start, start + len(seg)), ids[:a])
                     st.text_tokens += len(seg)
                     st.compiled += 1

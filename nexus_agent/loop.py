@@ -279,8 +279,7 @@ class Agent:
 
     def close(self) -> None:
         if self.decider is not None and self.decider.blocks is not None:  # the blocks this session compiled
-            self.decider.blocks.save()
-            self.decider.blocks.close_scratch()
+            self.decider.blocks.close()
         self.decoder.close()
         self.pool.close()
         self.trace.close()

@@ -133,7 +133,7 @@ class Engine:
         from slb.tools import as_entry, strip_server_prefixes
 
         entries = strip_server_prefixes([as_entry(t) for t in tools])  # routing texts without framework prefixes
-        key = _list_key(entries)
+        key = hashlib.sha256("\n".join(e.schema_hash for e in entries).encode()).hexdigest()
         if key in self.routers:
             self.routers.move_to_end(key)
             return self.routers[key]
@@ -393,16 +393,11 @@ class Engine:
 
     def close(self) -> None:
         if self.decider.blocks is not None:  # blocks compiled by the last requests outlive the process
-            self.decider.blocks.save()
-            self.decider.blocks.close_scratch()
+            self.decider.blocks.close()
         for live in self.contexts:
             live.close()
         self.decoder.close()
         self.backend.close()
-
-
-def _list_key(entries) -> str:
-    return hashlib.sha256("\n".join(e.schema_hash for e in entries).encode()).hexdigest()
 
 
 def _pieces(tok, ids: list[int]):

@@ -188,16 +188,9 @@ class ToolBlocks:
             head, seg = render(tool)
             if self.computed_after(seg, head):  # a block shown first deeper in a prompt is compiled again here:
                 continue  # right after the head, it splices as is wherever it is the first candidate
-            session = self._scratch(head, len(seg))
-            m0 = session.n_past
-            for i in range(0, len(seg), IDLE_CHUNK):
-                if stop():
-                    session.remove(m0, session.n_past)
-                    self.todo.appendleft((render, tool))
-                    return True
-                session.prefill(list(seg[i:i + IDLE_CHUNK]))
-            self.put(list(seg), session.export_kv(m0, m0 + len(seg)), head)
-            session.remove(m0, session.n_past)
+            if not self._compile_one(head, seg, stop):
+                self.todo.appendleft((render, tool))
+                return True
             break
         if not self.todo:
             self.close_scratch()
@@ -210,13 +203,23 @@ class ToolBlocks:
         todo = [s for s in segments if not self.held(s)]
         if not todo:
             return 0
-        session = self._scratch(head, max(len(s) for s in todo))
-        m0 = session.n_past
         for seg in todo:
-            session.prefill(list(seg))
-            self.put(list(seg), session.export_kv(m0, m0 + len(seg)), head)
-            session.remove(m0, session.n_past)
+            self._compile_one(head, seg)
         return len(todo)
+
+    def _compile_one(self, head: list[int], seg: list[int], stop: Callable[[], bool] = lambda: False) -> bool:
+        """Prefill `seg` after `head` in the scratch session, IDLE_CHUNK tokens at a time, and keep its block;
+        False (nothing kept, the scratch back to `head`) when `stop()` turned true between chunks."""
+        session = self._scratch(head, len(seg))
+        m0 = session.n_past
+        for i in range(0, len(seg), IDLE_CHUNK):
+            if stop():
+                session.remove(m0, session.n_past)
+                return False
+            session.prefill(list(seg[i:i + IDLE_CHUNK]))
+        self.put(list(seg), session.export_kv(m0, m0 + len(seg)), head)
+        session.remove(m0, session.n_past)
+        return True
 
     def _scratch(self, head: list[int], longest: int):
         """A scratch session holding `head`, kept for the next compile after the same head (idle work compiles
@@ -235,6 +238,11 @@ class ToolBlocks:
         if self.scratch is not None:
             self.scratch[1].close()
             self.scratch = None
+
+    def close(self) -> None:
+        """Write what is unsaved and free the scratch session (at the end of a server or an agent)."""
+        self.save()
+        self.close_scratch()
 
     def prefill(self, live, ids: list[int], spans: list[tuple[int, int]]) -> tuple:
         """Make `live` hold `ids` with every span in `spans` spliced from its block (or prefilled and kept);

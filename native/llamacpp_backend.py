@@ -5,7 +5,9 @@ removes positions, `llama_memory_seq_add` shifts positions (llama.cpp re-rotates
 re-anchor), `llama_memory_seq_cp` shares cells between sequences, and `llama_state_seq_get/set_data`
 serialize one sequence's KV. Sequence 0 is the live sequence; sequence 1 is a scratch slot for imports
 (`set_data` clears its destination, and cells must be shifted *before* they are shared with the live
-sequence; DESIGN section 6). No attention weights or key biases are reachable here: eviction is positional.
+sequence; DESIGN section 6). Where the model's RoPE is one Nexus models, an import's keys are rotated in the
+state blob instead (`llamacpp_state.move_keys`): the K-shift rotates every cell of the cache, ~0.45 s per import
+at 32k cells here, ~1 ms moved. No attention weights or key biases are reachable here: eviction is positional.
 Capabilities: see this backend's entry in `native.registry.BACKENDS`.
 """
 
@@ -22,13 +24,18 @@ from llama_cpp import llama_cpp as C
 
 from native.base import BackendError, KVRange, KVSession, ModelError, ModelInfo, as_token_list
 from native.gguf_header import read_gguf_header
-from native.llamacpp_state import set_v_layout
+from native.llamacpp_state import Rope, move_keys, set_v_layout
 from native.model_files import fingerprint, resolve_model
 from native.registry import BACKENDS, list_backends
 from native.tokenizer import tokenizer_from_gguf
 
 llama_cpp._logger.set_verbose(False)  # llama.cpp logs every load step to stderr otherwise
 LIVE, SCRATCH = 0, 1
+# A moved import may differ from a K-shifted one by this many times the K-shift's own error (logits after the
+# import vs the same tokens prefilled at those positions). Measured at 1,000 positions: the two differ by 0.23
+# (Qwen2.5 0.5B) and 0.57 (SmolLM2) where the shift's own error is 0.36 and 0.60; a wrong RoPE (pairs or base)
+# differs by 9.4-13.6.
+MOVE_SLACK = 3.0
 _backend_ready = False
 
 
@@ -118,11 +125,53 @@ class LlamaCppBackend:
             rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         )
         self.rope_type = rope_type
+        # Keys rotated in the imported state itself (`move_keys`) where the model's RoPE is one this code knows:
+        # llama.cpp's K-shift rotates every cell of the cache at the next decode (~0.45 s for a 32k context here).
+        self._rope = None
+        if rope_type in (C.LLAMA_ROPE_TYPE_NORM, C.LLAMA_ROPE_TYPE_NEOX) and not self.n_swa:
+            self._rope = Rope(self.info.head_dim, int(get("rope.dimension_count", self.info.head_dim)),
+                              self.info.rope_base, neox=rope_type == C.LLAMA_ROPE_TYPE_NEOX)
+        self._moves_keys: bool | None = None
         # Splicing re-anchors a block with llama.cpp's K-shift: architectures without RoPE (or whose memory
         # cannot shift) keep every other capability; a context's memory says whether it can (`can_shift`).
         self.capabilities = BACKENDS["llamacpp"].capabilities
         if rope_type == C.LLAMA_ROPE_TYPE_NONE:
             self.capabilities = replace(self.capabilities, can_splice=False)
+
+    def moves_keys(self) -> bool:
+        """Whether an import rotates its keys itself instead of asking llama.cpp for a K-shift.
+
+        Checked once per model against llama.cpp's own K-shift: a few tokens exported, imported 1,000 positions
+        later both ways, and the next token's logits compared, within `MOVE_SLACK` times the K-shift's own error
+        (a RoPE variant this code does not model, such as scaled or per-frequency factors, differs by far more;
+        such a model keeps the K-shift).
+        """
+        if self._moves_keys is None:
+            self._moves_keys = self._rope is not None and self._probe_move()
+        return self._moves_keys
+
+    def _probe_move(self, delta: int = 1000) -> bool:
+        probe = self.tokenizer.encode("Keys rotated before an import match llama.cpp's K-shift.")[:12]
+        sessions = [LlamaCppSession(self, n_ctx=delta + 32, n_batch=32) for _ in range(4)]
+        try:
+            src, shifted, moved, direct = sessions
+            src.prefill(probe)
+            kv = src.export_kv(0, len(probe))
+            out = []
+            for s, move in ((shifted, False), (moved, True)):
+                s._move, s.n_past = move, delta
+                s.import_kv(kv)
+                out.append(s.decode(probe[0]))
+            direct.n_past = delta  # the same tokens computed at those positions: the K-shift's own error
+            direct.prefill(probe)
+            truth = direct.decode(probe[0])
+            gap, noise = (float(np.max(np.abs(x - y))) for x, y in ((out[0], out[1]), (out[0], truth)))
+            return gap <= MOVE_SLACK * noise + 0.05
+        except BackendError:
+            return False
+        finally:
+            for s in sessions:
+                s.close()
 
     def new_session(self, n_ctx: int | None = None, n_batch: int = 512, flash_attn: bool = False
                     ) -> "LlamaCppSession":
@@ -169,6 +218,7 @@ class LlamaCppSession(KVSession):
         self.n_past = 0
         self.tokens: dict[int, int] = {}  # position -> token id of every cached position
         self._shift_pending = False  # llama.cpp rotates shifted keys at the next decode, not at seq_add
+        self._move: bool | None = None  # imports rotate their own keys (backend.moves_keys(), asked on first use)
 
     # -- forward -------------------------------------------------------------------------------------------
     def _decode(self, tokens: list[int], all_logits: bool) -> np.ndarray:
@@ -282,27 +332,31 @@ class LlamaCppSession(KVSession):
         n = b - a
         if self.n_past + n > self.n_ctx:
             raise BackendError(f"context full: {self.n_past} + {n} tokens > n_ctx={self.n_ctx}")
+        p0, p1 = int(kv.positions[a]), int(kv.positions[b - 1]) + 1
+        delta = self.n_past - p0
+        if delta and not self.can_shift:
+            raise BackendError(f"llama.cpp cannot shift the KV cells of a {self.info.architecture} model "
+                               "(no RoPE K-shift): a KV range imports only at its own positions; prefill the text")
+        if delta and self._move is None:
+            self._move = self.backend.moves_keys()
+        moved = bool(delta and self._move)
+        if moved:  # the cells arrive at their new positions with their keys rotated: no K-shift
+            blob, p0, p1 = move_keys(blob, delta, self.backend._rope), p0 + delta, p1 + delta
         buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
         if C.llama_state_seq_set_data(self._ctx, buf, len(blob), SCRATCH) == 0:
             raise BackendError("llama.cpp rejected the KV state (layout or model mismatch)")
-        p0, p1 = int(kv.positions[a]), int(kv.positions[b - 1]) + 1
         if a > 0:
             C.llama_memory_seq_rm(self._mem, SCRATCH, -1, p0)
         if b < len(kv):
             C.llama_memory_seq_rm(self._mem, SCRATCH, p1, -1)
-        delta = self.n_past - p0
-        if delta and not self.can_shift:
-            C.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
-            raise BackendError(f"llama.cpp cannot shift the KV cells of a {self.info.architecture} model "
-                               "(no RoPE K-shift): a KV range imports only at its own positions; prefill the text")
-        if delta:
+        if delta and not moved:
             C.llama_memory_seq_add(self._mem, SCRATCH, p0, p1, delta)  # shift before sharing (cells are shared)
             self._shift_pending = True
         C.llama_memory_seq_cp(self._mem, SCRATCH, LIVE, -1, -1)
         C.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
         for p, t in zip(kv.positions[a:b], kv.tokens[a:b]):
             self.tokens[int(p) + delta] = int(t)
-        self.n_past = p1 + delta
+        self.n_past = p1 + (0 if moved else delta)
 
     def remove(self, start: int, end: int) -> None:
         if not C.llama_memory_seq_rm(self._mem, LIVE, start, end):

@@ -8,6 +8,9 @@ version, then per KV cache (one, or two for a sliding-window model: global then 
 per stream: u32 cells, per cell (i32 position, u32 n, n x i32 sequence ids), u32 v_trans, u32 layers, per layer
 K (i32 type, u64 row bytes, cells x row), then per layer V either like K or, transposed, (i32 type, u32 element
 bytes, u32 channels, channels x cells elements). Anything else raises `BackendError` naming what was found.
+
+`move_keys` re-anchors a state in the blob itself (positions moved, keys rotated by RoPE) so that an import
+needs no llama.cpp K-shift, which rotates every cell of the cache, not only the imported ones.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import numpy as np
 
 from native.base import BackendError
 
-ELEMENT_BYTES = {0: 4, 1: 2, 30: 2}  # ggml types V can be transposed in: F32, F16, BF16 (quantized V needs FA)
+ELEMENT_BYTES = {0: 4, 1: 2, 30: 2}
+_F32, _F16, _BF16 = 0, 1, 30  # ggml types V can be transposed in: F32, F16, BF16 (quantized V needs FA)
 _HEADER = 8
 
 
@@ -35,6 +39,7 @@ def _unpack(fmt: str, blob: bytes, at: int) -> tuple:
 class Stream:
     """One stream of one KV cache in a state: where its v_trans flag and its V part lie (byte offsets)."""
 
+    cells_at: int
     flag_at: int
     v_start: int
     v_end: int
@@ -52,6 +57,7 @@ def read_streams(blob: bytes) -> list[Stream]:
             (cells,), at = _unpack("I", blob, at), at + 4
             if not cells:
                 continue
+            cells_at = at
             for _ in range(cells):
                 (_, n_seq), at = _unpack("iI", blob, at), at + 8
                 at += 4 * n_seq
@@ -68,7 +74,7 @@ def read_streams(blob: bytes) -> list[Stream]:
                 else:
                     (_, row), at = _unpack("iQ", blob, at), at + 12
                     at += cells * row
-            out.append(Stream(flag_at, v_start, at, cells, n_layer, bool(trans)))
+            out.append(Stream(cells_at, flag_at, v_start, at, cells, n_layer, bool(trans)))
     if at != len(blob) or not out:
         raise BackendError(f"llama.cpp KV state of {len(blob)} bytes parsed to byte {at}: not a layout this "
                            "version of Nexus can read")
@@ -107,4 +113,73 @@ def set_v_layout(blob: bytes, transposed: bool) -> bytes:
         parts += [blob[last:st.flag_at], struct.pack("<I", int(transposed)), blob[st.flag_at + 4 : st.v_start],
                   _transpose_v(blob, st)]
         last = st.v_end
+    return b"".join(parts) + blob[last:]
+
+
+@dataclass(frozen=True)
+class Rope:
+    """How a model rotates its keys: the first `n_rot` channels of each `head_dim`-channel head, in pairs
+    (2i, 2i+1) (`neox=False`, llama.cpp's NORM) or (i, i + n_rot/2) (NEOX), at angles pos * base^(-2i/n_rot)."""
+
+    head_dim: int
+    n_rot: int
+    base: float
+    neox: bool
+
+
+def _as_f32(blob: bytes, at: int, n: int, ktype: int) -> np.ndarray:
+    if ktype == _BF16:
+        return (np.frombuffer(blob, "<u2", n, at).astype(np.uint32) << 16).view(np.float32)
+    return np.frombuffer(blob, "<f4" if ktype == _F32 else "<f2", n, at).astype(np.float32)
+
+
+def _from_f32(x: np.ndarray, ktype: int) -> bytes:
+    if ktype == _F32:
+        return x.astype("<f4").tobytes()
+    if ktype == _F16:
+        return x.astype("<f2").tobytes()
+    u = x.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2").tobytes()  # round to nearest even, like ggml
+
+
+def _rotate(x: np.ndarray, delta: int, rope: Rope) -> np.ndarray:
+    """Keys x (cells, heads, head_dim) as if computed `delta` positions later (rotations compose)."""
+    half = rope.n_rot // 2
+    theta = delta * rope.base ** (-2.0 * np.arange(half, dtype=np.float64) / rope.n_rot)
+    cos, sin = np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+    out = x.copy()
+    if rope.neox:
+        a, b = x[..., :half], x[..., half : rope.n_rot]
+        out[..., :half], out[..., half : rope.n_rot] = a * cos - b * sin, a * sin + b * cos
+    else:
+        a, b = x[..., 0 : rope.n_rot : 2], x[..., 1 : rope.n_rot : 2]
+        out[..., 0 : rope.n_rot : 2], out[..., 1 : rope.n_rot : 2] = a * cos - b * sin, a * sin + b * cos
+    return out
+
+
+def move_keys(blob: bytes, delta: int, rope: Rope) -> bytes:
+    """The same state `delta` positions later: every cell's position plus delta, every key rotated by delta.
+
+    What llama.cpp's K-shift does to the imported cells, done before the import. Raises BackendError for a
+    state it cannot read or a key type it cannot rotate (quantized K caches)."""
+    parts, last = [], 0
+    for st in read_streams(blob):
+        parts.append(blob[last : st.cells_at])
+        at = st.cells_at
+        for _ in range(st.cells):
+            pos, n_seq = _unpack("iI", blob, at)
+            parts += [struct.pack("<i", pos + delta), blob[at + 4 : at + 8 + 4 * n_seq]]
+            at += 8 + 4 * n_seq
+        parts.append(blob[at : at + 8])  # v_trans, layers
+        at += 8
+        for _ in range(st.n_layer):
+            ktype, row = _unpack("iQ", blob, at)
+            el = ELEMENT_BYTES.get(ktype)
+            if el is None or row % (el * rope.head_dim):
+                raise BackendError(f"keys of ggml type {ktype} ({row}-byte rows) cannot be rotated here "
+                                   f"(F32, F16 and BF16 rows of {rope.head_dim}-channel heads can)")
+            x = _as_f32(blob, at + 12, st.cells * row // el, ktype).reshape(st.cells, -1, rope.head_dim)
+            parts += [blob[at : at + 12], _from_f32(_rotate(x, delta, rope), ktype)]
+            at += 12 + st.cells * row
+        last = st.v_start  # V carries no position
     return b"".join(parts) + blob[last:]

@@ -10,11 +10,15 @@ sliding-window layers of 16 tokens and one global, its own norms, embedding scal
 - `nexus convert`'s MLX folder of the same weights gives the same logits in MLX;
 - re-anchoring is exact per layer: a block exported at positions 0.. and imported at depth 37 into an empty
   sequence answers the next token as the original did (relative positions are all RoPE sees), on both backends;
+- llama.cpp imports rotate their keys in the state itself (no K-shift of the whole cache) exactly where the
+  RoPE is one Nexus models (plain NORM or NEOX, one base: Mistral, Qwen2, Qwen3), checked by a probe that refuses
+  Llama 3's per-frequency factors, the sliding-window models' two bases and a deliberately wrong pair layout;
 - every eviction policy runs on MLX, the positional ones on llama.cpp.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -121,6 +125,25 @@ def test_reanchored_block_answers_as_prefilled(tiny, name, side):
         np.testing.assert_allclose(got, want, atol=2e-3, rtol=0)
     else:
         _assert_agree(got, want)
+
+
+PLAIN_ROPE = {"mistral", "qwen2", "qwen3"}  # one base, no factors, no sliding window
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_keys_move_in_the_state_only_where_the_probe_agrees_with_llamacpp(tiny, name):
+    """`moves_keys` (an import rotates its own keys) holds for plain RoPE; Llama 3's `rope_freqs` factors fail the
+    probe against llama.cpp's K-shift, sliding-window models are not tried, and a wrong pair layout fails it."""
+    _, _, b = tiny(name)
+    assert b.moves_keys() == (name in PLAIN_ROPE)
+    if b._rope is None:
+        return
+    keep, kept = b._rope, b._moves_keys
+    try:
+        b._rope, b._moves_keys = dataclasses.replace(keep, neox=not keep.neox), None
+        assert not b.moves_keys()
+    finally:
+        b._rope, b._moves_keys = keep, kept
 
 
 @pytest.mark.parametrize("policy", [p.name for p in POLICIES])

@@ -7,6 +7,7 @@ by more than twice that drift (a near-tie may flip on another CPU's kernels). Me
 """
 
 import numpy as np
+import pytest
 from corpus_data import PROMPTS, teacher_forced
 from logits import kl
 
@@ -114,3 +115,31 @@ def test_export_after_reanchored_import_carries_the_rotation(backend):
         t.import_kv(kv)
         outs.append(t.forward_logits(probe))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("model", ["smollm2", "qwen"])
+def test_keys_moved_before_an_import_answer_as_llamacpps_k_shift(request, model):
+    """llama.cpp's K-shift rotates every cell of the cache at the next decode (~0.45 s at 32k cells); an import
+    whose keys were rotated in the state (`move_keys`) lands at its new positions with nothing pending, and the
+    logits after it are those after the K-shift (KL bound of this file), on a NORM (SmolLM2) and a NEOX (Qwen2.5)
+    RoPE."""
+    b = request.getfixturevalue("llamacpp_backend") if model == "smollm2" else \
+        request.getfixturevalue("qwen_backends")("llamacpp")
+    assert b.moves_keys()
+    ids = _tokens(b.tokenizer)
+    src = b.new_session(512)
+    src.prefill(ids)
+    span = src.export_kv(4, len(ids))
+    probe = b.tokenizer.encode(" and then")
+    outs = []
+    for move in (False, True):
+        s = b.new_session(512)
+        s._move = move
+        s.prefill(ids[:40])  # the span lands 36 positions deeper
+        s.import_kv(span)
+        assert s._shift_pending != move and s.n_past == 40 + len(span)
+        assert list(s.export_kv(40, s.n_past).positions) == list(range(40, 40 + len(span)))
+        outs.append(s.forward_logits(probe))
+        s.close()
+    src.close()
+    assert_same_logits(b, outs[1], outs[0])

@@ -341,7 +341,10 @@ class LlamaCppSession(KVSession):
             self._move = self.backend.moves_keys()
         moved = bool(delta and self._move)
         if moved:  # the cells arrive at their new positions with their keys rotated: no K-shift
-            blob, p0, p1 = move_keys(blob, delta, self.backend._rope), p0 + delta, p1 + delta
+            try:
+                blob, p0, p1 = move_keys(blob, delta, self.backend._rope), p0 + delta, p1 + delta
+            except BackendError:  # keys it cannot rotate (a quantized K cache), or a state llama.cpp will refuse
+                moved = False
         buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
         if C.llama_state_seq_set_data(self._ctx, buf, len(blob), SCRATCH) == 0:
             raise BackendError("llama.cpp rejected the KV state (layout or model mismatch)")

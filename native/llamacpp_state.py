@@ -22,8 +22,8 @@ import numpy as np
 
 from native.base import BackendError
 
-ELEMENT_BYTES = {0: 4, 1: 2, 30: 2}
-_F32, _F16, _BF16 = 0, 1, 30  # ggml types V can be transposed in: F32, F16, BF16 (quantized V needs FA)
+ELEMENT_BYTES = {0: 4, 1: 2, 30: 2}  # ggml types V can be transposed in: F32, F16, BF16 (quantized V needs FA)
+_F32, _F16, _BF16 = 0, 1, 30
 _HEADER = 8
 
 

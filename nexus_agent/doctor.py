@@ -83,7 +83,21 @@ def check_model(backend_name: str, model: str | None = None) -> list[Check]:
     except Exception as e:
         out.append(("llguidance", False, f"{e} (pip install llguidance)"))
     out.append(check_decide(backend))
+    out.append(check_reanchor(backend))
     return out
+
+
+def check_reanchor(backend) -> Check:
+    """How a spliced block's keys reach their new positions on this model (informational: both are exact)."""
+    if not backend.capabilities.can_splice:
+        return "re-anchor", True, f"{backend.name} cannot splice a {backend.info.architecture} model: prefilled as text"
+    moves = getattr(backend, "moves_keys", None)
+    if moves is None:
+        return "re-anchor", True, f"{backend.name} rotates a block's keys as it imports them"
+    if moves():
+        return "re-anchor", True, "keys rotated in the block before the import (checked against llama.cpp's K-shift)"
+    return "re-anchor", True, ("llama.cpp's K-shift (this model's RoPE is not one Nexus rotates itself; each "
+                               "import re-rotates the whole cache)")
 
 
 def check_decide(backend) -> Check:

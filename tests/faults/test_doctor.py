@@ -65,7 +65,8 @@ def test_doctor_reports_stale_and_corrupted_artefacts(llamacpp_backend, nexus_ho
     env = dict(os.environ, NEXUS_HOME=str(nexus_home), NEXUS_THREADS="1")
     cli = subprocess.run([str(NEXUS), "doctor", "--no-servers"], env=env, capture_output=True, text=True, timeout=240)
     assert cli.returncode == 1, cli.stdout + cli.stderr
-    for needle in ("[ok] model", "[ok] llguidance", "[ok] registry", "[FAIL] slb buffer", "[FAIL] kv blocks broken",
+    for needle in ("[ok] model", "[ok] llguidance", "[ok] re-anchor: keys rotated in the block",
+                   "[ok] registry", "[FAIL] slb buffer", "[FAIL] kv blocks broken",
                    "[FAIL] kv blocks stale", "nexus compile", "nexus slb build"):
         assert needle in cli.stdout, cli.stdout
     f.observe("healthy home all ok; then stale buffer/block, broken block and buffer, temp file each flagged "

@@ -130,7 +130,7 @@ class LlamaCppBackend:
         self._rope = None
         if rope_type in (C.LLAMA_ROPE_TYPE_NORM, C.LLAMA_ROPE_TYPE_NEOX) and not self.n_swa:
             self._rope = Rope(self.info.head_dim, int(get("rope.dimension_count", self.info.head_dim)),
-                              self.info.rope_base, neox=rope_type == C.LLAMA_ROPE_TYPE_NEOX)
+                              self.info.rope_base, traditional=self.info.rope_traditional)
         self._moves_keys: bool | None = None
         # Splicing re-anchors a block with llama.cpp's K-shift: architectures without RoPE (or whose memory
         # cannot shift) keep every other capability; a context's memory says whether it can (`can_shift`).

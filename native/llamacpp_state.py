@@ -118,13 +118,15 @@ def set_v_layout(blob: bytes, transposed: bool) -> bytes:
 
 @dataclass(frozen=True)
 class Rope:
-    """How a model rotates its keys: the first `n_rot` channels of each `head_dim`-channel head, in pairs
-    (2i, 2i+1) (`neox=False`, llama.cpp's NORM) or (i, i + n_rot/2) (NEOX), at angles pos * base^(-2i/n_rot)."""
+    """How a model rotates its keys, as `native.models.rope.Rope` describes it (which rotates MLX arrays, and
+    `shift` is this module's `_rotate`): the first `dims` channels of each `head_dim`-channel head, in pairs
+    (2i, 2i+1) (`traditional`, llama.cpp's NORM) or (i, i + dims/2) (NEOX), at angles pos * base^(-2i/dims). In
+    numpy here: the llama.cpp path never imports MLX (its import loads OpenBLAS and PyTorch, `native.blas`)."""
 
     head_dim: int
-    n_rot: int
+    dims: int
     base: float
-    neox: bool
+    traditional: bool
 
 
 def _as_f32(blob: bytes, at: int, n: int, ktype: int) -> np.ndarray:
@@ -144,16 +146,13 @@ def _from_f32(x: np.ndarray, ktype: int) -> bytes:
 
 def _rotate(x: np.ndarray, delta: int, rope: Rope) -> np.ndarray:
     """Keys x (cells, heads, head_dim) as if computed `delta` positions later (rotations compose)."""
-    half = rope.n_rot // 2
-    theta = delta * rope.base ** (-2.0 * np.arange(half, dtype=np.float64) / rope.n_rot)
+    half, d = rope.dims // 2, rope.dims
+    theta = delta * rope.base ** (-2.0 * np.arange(half, dtype=np.float64) / d)
     cos, sin = np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
     out = x.copy()
-    if rope.neox:
-        a, b = x[..., :half], x[..., half : rope.n_rot]
-        out[..., :half], out[..., half : rope.n_rot] = a * cos - b * sin, a * sin + b * cos
-    else:
-        a, b = x[..., 0 : rope.n_rot : 2], x[..., 1 : rope.n_rot : 2]
-        out[..., 0 : rope.n_rot : 2], out[..., 1 : rope.n_rot : 2] = a * cos - b * sin, a * sin + b * cos
+    first, second = (slice(0, d, 2), slice(1, d, 2)) if rope.traditional else (slice(0, half), slice(half, d))
+    a, b = x[..., first], x[..., second]
+    out[..., first], out[..., second] = a * cos - b * sin, a * sin + b * cos
     return out
 
 

@@ -140,7 +140,7 @@ def test_keys_move_in_the_state_only_where_the_probe_agrees_with_llamacpp(tiny, 
         return
     keep, kept = b._rope, b._moves_keys
     try:
-        b._rope, b._moves_keys = dataclasses.replace(keep, neox=not keep.neox), None
+        b._rope, b._moves_keys = dataclasses.replace(keep, traditional=not keep.traditional), None
         assert not b.moves_keys()
     finally:
         b._rope, b._moves_keys = keep, kept

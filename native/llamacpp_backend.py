@@ -14,8 +14,9 @@ Capabilities: see this backend's entry in `native.registry.BACKENDS`.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
-from dataclasses import replace
+from dataclasses import astuple, replace
 
 import llama_cpp
 import llama_cpp._logger
@@ -147,8 +148,34 @@ class LlamaCppBackend:
         such a model keeps the K-shift).
         """
         if self._moves_keys is None:
-            self._moves_keys = self._rope is not None and self._probe_move()
+            self._moves_keys = self._rope is not None and self._probe_kept()
         return self._moves_keys
+
+    def _probe_kept(self) -> bool:
+        """The probe's verdict from the model's profile file (`profiles/<fp>.json` under "llamacpp"), probed
+        and written there when absent or taken with another llama.cpp build or RoPE: each process that splices
+        would otherwise pay it again on its first import."""
+        from registry.atomic import write_atomic
+        from registry.home import home_path
+
+        path = home_path("profiles", f"{self.info.fingerprint}.json")
+        what = {"llama_cpp": llama_cpp.__version__, "rope": list(astuple(self._rope))}
+        try:
+            data = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError:
+            data = None  # unreadable: probed, not rewritten (the decide and splice sections are its owners')
+        kept = (data or {}).get("llamacpp", {}).get("moves_keys")
+        if isinstance(kept, dict) and {k: kept.get(k) for k in what} == what and isinstance(kept.get("ok"), bool):
+            return kept["ok"]
+        ok = self._probe_move()
+        if data is not None:
+            data.setdefault("llamacpp", {})["moves_keys"] = {**what, "ok": ok}
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(path, json.dumps(data, indent=1))
+            except OSError:  # a read-only home: probed again by the next process
+                pass
+        return ok
 
     def _probe_move(self, delta: int = 1000) -> bool:
         probe = self.tokenizer.encode("Keys rotated before an import match llama.cpp's K-shift.")[:12]

@@ -146,6 +146,33 @@ def test_keys_move_in_the_state_only_where_the_probe_agrees_with_llamacpp(tiny, 
         b._rope, b._moves_keys = keep, kept
 
 
+def test_the_probe_verdict_is_kept_in_the_model_profile(tiny, nexus_home):
+    """The probe runs once per model, not once per process: its verdict lands in `profiles/<fp>.json` with the
+    llama.cpp build and RoPE it was taken with, the next backend of that file obeys it (a verdict written as
+    False is taken as False, no probe), and a verdict of another build is probed again and replaced."""
+    path, _, _ = tiny("qwen2")
+    b = load_backend("llamacpp", path)
+    try:
+        assert b.moves_keys()
+        profile = nexus_home / "profiles" / f"{b.info.fingerprint}.json"
+        kept = json.loads(profile.read_text())["llamacpp"]["moves_keys"]
+        assert kept["ok"] is True and kept["rope"] == list(dataclasses.astuple(b._rope))
+    finally:
+        b.close()
+    for build, want in (("the same", False), ("another", True)):
+        data = json.loads(profile.read_text())
+        data["llamacpp"]["moves_keys"]["ok"] = False
+        if build == "another":
+            data["llamacpp"]["moves_keys"]["llama_cpp"] = "0.0.1"
+        profile.write_text(json.dumps(data))
+        b = load_backend("llamacpp", path)
+        try:
+            assert b.moves_keys() is want, build
+        finally:
+            b.close()
+    assert json.loads(profile.read_text())["llamacpp"]["moves_keys"]["ok"] is True  # re-probed, rewritten
+
+
 @pytest.mark.parametrize("policy", [p.name for p in POLICIES])
 @pytest.mark.parametrize("name", ["qwen3", "gemma3", "gemma2"])
 def test_every_policy_runs_on_mlx(tiny, name, policy, tmp_path):

@@ -184,8 +184,12 @@ class Tokenizer:
         return self.encode_chat_tools(messages, add_generation_prompt, tools)[0]
 
     def encode_chat_tools(self, messages: list[dict], add_generation_prompt: bool = True,
-                          tools: list[dict] | None = None) -> tuple[list[int], list[tuple[int, int]]]:
-        """(token ids, the [start, end) token span of each tool the template rendered with `tojson`, in order).
+                          tools: list[dict] | None = None, epilogue: bool = False
+                          ) -> tuple[list[int], list[tuple[int, int]]]:
+        """(token ids, the [start, end) token span of each tool the template rendered with `tojson`, in order;
+        with `epilogue`, then the span of the template's markup after the last tool, up to the next message
+        content, when there is such markup: Qwen2.5's closing `</tools>`, its call-format instructions and the
+        user turn's opener, the same tokens under every tool list).
 
         Each tool's JSON is tokenized on its own, like a message content (its special-token text is escaped by
         `_tojson`, so a tool description cannot open a turn): the same tool gives the same tokens wherever it
@@ -203,15 +207,19 @@ class Tokenizer:
                              "cannot be told apart safely; use a template that inserts contents verbatim")
         ids: list[int] = []
         spans: list[tuple[int, int]] = []
+        last = max((k for k in range(1, len(pieces), 2) if pieces[k][0] == "t"), default=None)
+        after = None
         for k, piece in enumerate(pieces):
+            start = len(ids)
             if k % 2 == 0:
                 ids += self.encode(piece, special=True)
+                if last is not None and k == last + 1 and len(ids) > start:
+                    after = (start, len(ids))
                 continue
-            start = len(ids)
             ids += self.encode(texts[k // 2], special=False)
             if piece[0] == "t":
                 spans.append((start, len(ids)))
-        return ids, spans
+        return ids, (spans + [after] if epilogue and after else spans)
 
     def _tool_json(self, tool) -> str:
         return self._tojson_filter()(tool)

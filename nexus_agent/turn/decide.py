@@ -134,11 +134,12 @@ class Decider:
 
     # -- the prompt ---------------------------------------------------------------------------------------
     def prompt(self, messages: list[dict], candidates: list[Candidate]) -> tuple[list[int], list[tuple[int, int]]]:
-        """(token ids, the token span of each candidate's schema): the conversation with the candidates as the
-        model's template shows tools, or, for a model without a tools section, as signatures (no spans)."""
+        """(token ids, the token span of each candidate's schema, then of the template's text after them where
+        there is one): the conversation with the candidates as the model's template shows tools, or, for a
+        model without a tools section, as signatures (no spans). Every span is spliced from a block."""
         tools = [c.tool for c in candidates]
         if self.fmt.template_tools:
-            return self.tok.encode_chat_tools(messages, tools=[function_tool(t) for t in tools])
+            return self.tok.encode_chat_tools(messages, tools=[function_tool(t) for t in tools], epilogue=True)
         from nexus_agent.prompts import decide_system
 
         system = decide_system(tools, self.fmt)
@@ -155,7 +156,7 @@ class Decider:
         system = [m for m in messages[:1] if m["role"] == "system"]
 
         def render(tool) -> tuple[list[int], list[int]]:
-            ids, ((a, b),) = self.prompt([*system, {"role": "user", "content": "?"}], [Candidate(tool, 0.0, 0)])
+            ids, ((a, b), *_) = self.prompt([*system, {"role": "user", "content": "?"}], [Candidate(tool, 0.0, 0)])
             return ids[:a], ids[a:b]
 
         self.blocks.queue(render, tools)
@@ -179,7 +180,7 @@ class Decider:
         t0 = time.perf_counter()
         prompt = ids
         if self.blocks is not None and spans and live.manager is None:
-            logits, st = self.blocks.prefill(live, ids, spans)
+            logits, st = self.blocks.prefill(live, ids, spans, epilogue=len(spans) > len(candidates))
             spliced, refused = st.spliced, st.refused
         else:
             logits, spliced, refused = live.prefill(ids), 0, None

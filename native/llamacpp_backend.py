@@ -14,7 +14,6 @@ Capabilities: see this backend's entry in `native.registry.BACKENDS`.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 from dataclasses import astuple, replace
 
@@ -152,29 +151,24 @@ class LlamaCppBackend:
         return self._moves_keys
 
     def _probe_kept(self) -> bool:
-        """The probe's verdict from the model's profile file (`profiles/<fp>.json` under "llamacpp"), probed
-        and written there when absent or taken with another llama.cpp build or RoPE: each process that splices
-        would otherwise pay it again on its first import."""
-        from registry.atomic import write_atomic
-        from registry.home import home_path
+        """The probe's verdict from the model's profile file (section "llamacpp"), probed and written there when
+        absent or taken with another llama.cpp build or RoPE: each process that splices would otherwise pay it
+        again on its first import. An unreadable file is left to its owners (decide, splice) to report."""
+        from registry.home import read_model_profile, update_model_profile
 
-        path = home_path("profiles", f"{self.info.fingerprint}.json")
+        fp = self.info.fingerprint
         what = {"llama_cpp": llama_cpp.__version__, "rope": list(astuple(self._rope))}
         try:
-            data = json.loads(path.read_text()) if path.exists() else {}
+            kept = read_model_profile(fp).get("llamacpp", {}).get("moves_keys")
         except ValueError:
-            data = None  # unreadable: probed, not rewritten (the decide and splice sections are its owners')
-        kept = (data or {}).get("llamacpp", {}).get("moves_keys")
+            return self._probe_move()
         if isinstance(kept, dict) and {k: kept.get(k) for k in what} == what and isinstance(kept.get("ok"), bool):
             return kept["ok"]
         ok = self._probe_move()
-        if data is not None:
-            data.setdefault("llamacpp", {})["moves_keys"] = {**what, "ok": ok}
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                write_atomic(path, json.dumps(data, indent=1))
-            except OSError:  # a read-only home: probed again by the next process
-                pass
+        try:
+            update_model_profile(fp, ("llamacpp", "moves_keys"), {**what, "ok": ok})
+        except OSError:  # a read-only home: probed again by the next process
+            pass
         return ok
 
     def _probe_move(self, delta: int = 1000) -> bool:

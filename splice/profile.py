@@ -11,8 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from registry.atomic import write_atomic
-from registry.home import home_path
+from registry.home import model_profile_path, update_model_profile
 
 REPAIR_MODES = ("none", "head", "suffix", "blend", "text")
 
@@ -122,11 +121,7 @@ class SpliceProfile:
 
     def save(self) -> Path:
         """Merge this profile into `profiles/<fp>.json` under ["splice"][backend] (other keys are kept)."""
-        path = profile_path(self.fingerprint)
-        data = json.loads(path.read_text()) if path.exists() else {}
-        data.setdefault("splice", {})[self.backend] = asdict(self)
-        write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-        return path
+        return update_model_profile(self.fingerprint, ("splice", self.backend), asdict(self))
 
 
 def fit_length(option: dict, n_tokens: int) -> tuple[int, int, int]:
@@ -159,16 +154,12 @@ def plan_key(head: int, pct: int = 0, tail: int = 0) -> str:
     return f"blend{head}+{pct}%" if pct else f"head{head}+tail{tail}" if tail else f"head{head}"
 
 
-def profile_path(fingerprint: str) -> Path:
-    return home_path("profiles", f"{fingerprint}.json")
-
-
 def load_profile(backend) -> SpliceProfile:
     """The calibrated profile of this backend+model, or the uncalibrated default (head-16 up to 2048) when none
     was calibrated or it was calibrated for other block contexts (blocks of an older format)."""
     from splice.prompt import CONTEXTS
 
-    path = profile_path(backend.info.fingerprint)
+    path = model_profile_path(backend.info.fingerprint)
     try:
         data = json.loads(path.read_text()).get("splice", {}).get(backend.name) if path.exists() else None
         if data is None:

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from registry.home import home_path
+from registry.home import model_profile_path, update_model_profile
 
 MODES = ("model", "router")
 _DEFAULTS = Path(__file__).with_name("decide_defaults.json")
@@ -59,14 +59,10 @@ class DecideProfile:
         return logprob + self.name_weight * score + (self.rank_bias[rank] if rank < len(self.rank_bias) else 0.0)
 
 
-def profile_file(fingerprint: str) -> Path:
-    return home_path("profiles", f"{fingerprint}.json")
-
-
 def load_decide_profile(fingerprint: str, template_tools: bool) -> DecideProfile:
     """The calibrated setting of this model, else the packaged default for its fingerprint, else the default
     by template (a tools section: the model decides; none: the router)."""
-    path = profile_file(fingerprint)
+    path = model_profile_path(fingerprint)
     try:
         data = json.loads(path.read_text()).get("decide") if path.exists() else None
     except ValueError as e:
@@ -83,11 +79,4 @@ def load_decide_profile(fingerprint: str, template_tools: bool) -> DecideProfile
 
 def save_decide_profile(fingerprint: str, profile: DecideProfile) -> Path:
     """Write `profile` under "decide" in the model's profile file (other sections kept)."""
-    from registry.atomic import write_atomic
-
-    path = profile_file(fingerprint)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data["decide"] = asdict(profile)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(data, indent=1))
-    return path
+    return update_model_profile(fingerprint, ("decide",), asdict(profile))

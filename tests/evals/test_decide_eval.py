@@ -74,9 +74,10 @@ def test_items_are_a_seeded_sample_of_each_kind(routing_data):
 
 
 def test_a_bad_profile_file_is_named(nexus_home):
-    from nexus_agent.turn.profile import load_decide_profile, profile_file
+    from nexus_agent.turn.profile import load_decide_profile
+    from registry.home import model_profile_path
 
-    path = profile_file("f" * 32)
+    path = model_profile_path("f" * 32)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('{"decide": {"mode": "oracle"}}')
     with pytest.raises(ValueError, match="unknown decide mode 'oracle'"):

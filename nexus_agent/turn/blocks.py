@@ -66,7 +66,7 @@ class ToolBlocks:
         self.backend, self.capacity, self.disk_bytes = backend, capacity, disk_bytes
         self.folder = Path(folder) if folder is not None else None
         self.plan = RepairPlan("head", head)
-        self.epilogue_plan = RepairPlan("head", EPILOGUE_HEAD) if EPILOGUE_HEAD else RepairPlan("none", 0)
+        self.epilogue_plan = RepairPlan("head", EPILOGUE_HEAD)
         self.blocks: OrderedDict[str, object] = OrderedDict()
         self.after: dict[str, str] = {}  # key -> key of the tokens the block was computed after
         self.unsaved: OrderedDict[str, object] = OrderedDict()  # compiled, not written yet (`save`)

@@ -8,6 +8,7 @@ chat request's tools to the `nexus serve` engine in process (`nexus_agent.serve_
 Variants, per model and size:
 - `router`: today's router alone (the engine's router-only plan: gate, floor, fused order);
 - `top{k}`: the model decides among the router's top k, shown as its template shows tools (schema text);
+- `top{k}-sure{m}` (`--k-sure`): the same, but only the first m candidates when the router's gate is sure;
 - `all`: every tool in the prompt, as llama.cpp's and mlx-lm's servers serve tools (a prompt over the
   context, `--n-ctx`, is a failure: no decision);
 - `nexus`: what `nexus serve` ships for the model: its decide profile (`nexus_agent.turn.profile`) applied.
@@ -50,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="qwen2.5-coder-0.5b",
                    help="comma-separated packaged names or GGUF paths (e.g. qwen2.5-coder-0.5b,smollm2)")
     p.add_argument("--ks", default="3,5,8", help="candidates shown to the model (top-k variants)")
+    p.add_argument("--k-sure", default="", metavar="M[,M]",
+                   help="also each top-k showing only the first M candidates when the router's gate is sure")
     p.add_argument("--all-tools", action="store_true", help="also the variant with every tool in the prompt")
     p.add_argument("--splice", action="store_true",
                    help="also each top-k with the candidates spliced from KV blocks (fidelity and prefill speed-up)")
@@ -60,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help="fit the decide profile (cross-fitted scores) and save it in the Nexus home")
     p.add_argument("--calibrate-k", type=int, default=5, help="the k the fitted profile shows the model")
+    p.add_argument("--calibrate-k-sure", type=int, default=0, metavar="M",
+                   help="the fitted profile shows M candidates when the router's gate is sure (add M to --k-sure)")
     p.add_argument("--max-lost", type=float, default=0.02, help="relevant requests the fitted rule may answer in text")
     p.add_argument("--n-ctx", type=int, default=32768, help="the engine's context (the all-tools variant needs it)")
     p.add_argument("--seed", type=int, default=0)
@@ -115,7 +120,7 @@ def registry(rng_seed: int, catalogue: list, gold: str | None, size: int) -> lis
     return [catalogue[i] for i in pool]
 
 
-def measure(engine, req, k: int, fit_all: int, blocks=None) -> dict:
+def measure(engine, req, k: int, fit_all: int, blocks=None, k_sure: int = 0) -> dict:
     """One model pass: p_call, every candidate's name log-probability, the router's evidence, timings.
 
     Every pass starts from a context holding the prompt's head (system text and tools preamble, which any
@@ -127,7 +132,8 @@ def measure(engine, req, k: int, fit_all: int, blocks=None) -> dict:
     from nexus_agent.turn.profile import DecideProfile
     from nexus_agent.turn.retrieval import retrieve
 
-    engine.decider.profile = DecideProfile(mode="model", k=k, fit_all=fit_all, bias=1e6)  # always reach names
+    # bias 1e6: always reach the names
+    engine.decider.profile = DecideProfile(mode="model", k=k, k_sure=k_sure, fit_all=fit_all, bias=1e6)
     engine.decider.blocks = blocks
     engine.decider.all_names = True  # every candidate's log-probability: variants are scored from them offline
     by_name = {t.name: t for t in req.tools}
@@ -204,11 +210,13 @@ def run(args: argparse.Namespace) -> dict:
     from nexus_agent.serve_engine import Engine, EngineConfig
     from nexus_agent.turn.blocks import ToolBlocks
     from nexus_agent.turn.profile import load_decide_profile, save_decide_profile
+    from nexus_agent.turn.retrieval import retrieve
     from registry.model import Tool
 
     catalogue = [Tool.from_mcp(t) for t in _jsonl(args.tools)]
     sizes = [int(s) for s in args.sizes.split(",")]
     ks = [int(k) for k in args.ks.split(",") if k]
+    sures = [int(m) for m in args.k_sure.split(",") if m]
     scored = items(args, [t.name for t in catalogue])
     out: dict = {"sizes": {}, "profiles": {}, "items": {k: sum(i["kind"] == k for i in scored) for k in KINDS}}
     dumped: dict = {}
@@ -233,14 +241,19 @@ def run(args: argparse.Namespace) -> dict:
                 route_ms = (time.perf_counter() - t0) * 1e3
                 rows["router"].append({**it, "pick": plan[0][0].name if plan else None, "decide_ms": route_ms,
                                        "recall": bool(plan) and plan[0][0].name == it["gold"], "prompt_tokens": 0})
-                variants = [(f"top{k}", k, 0, None) for k in ks if k < size]
+                variants = [(f"top{k}", k, 0, None, 0) for k in ks if k < size]
+                variants += [(f"top{k}-sure{m}", k, 0, None, m) for k in ks for m in sures if m < k < size]
                 if blocks is not None:
-                    variants += [(f"top{k}-splice", k, 0, blocks) for k in ks if k < size]
+                    variants += [(f"top{k}-splice", k, 0, blocks, 0) for k in ks if k < size]
                 if args.all_tools:
-                    variants.append(("all", size, size, None))
-                for vname, k, fit_all, bl in variants:
+                    variants.append(("all", size, size, None, 0))
+                sure = bool(sures) and retrieve(engine.router_for(req.tools), req.messages).path == "auto"
+                for vname, k, fit_all, bl, k_sure in variants:
+                    if k_sure and not sure:  # the gate is not sure: the same prompt as top{k}
+                        meas.setdefault(vname, []).append(meas[f"top{k}"][-1])
+                        continue
                     try:
-                        m = measure(engine, req, k, fit_all, bl)
+                        m = measure(engine, req, k, fit_all, bl, k_sure)
                     except Exception as e:  # an overflowing prompt is the variant's failure, not the eval's
                         if "context" not in str(e):
                             raise
@@ -268,7 +281,8 @@ def run(args: argparse.Namespace) -> dict:
         out["profiles"][name] = {k: v for k, v in vars(profile).items()}
         for size in sizes:
             res = out["sizes"][str(size)][name]
-            key = "all" if size <= profile.fit_all and "all" in per_size[size]["meas"] else f"top{profile.k}"
+            key = "all" if size <= profile.fit_all and "all" in per_size[size]["meas"] else \
+                f"top{profile.k}" + (f"-sure{profile.k_sure}" if profile.k_sure else "")
             if profile.mode == "router" or key not in per_size[size]["meas"]:
                 res["nexus"] = dict(res["router"], source="router")
             elif "nexus" not in res:
@@ -312,11 +326,12 @@ def _fidelity(spliced: list, text: list, profile) -> dict:
 def _calibrate(args, per_size: dict, out: dict, name: str):
     """Fit the profile on every size's top-k measurements (cross-fitted `nexus` scores per size), return the
     profile fitted on all of them."""
-    k = args.calibrate_k
-    key = f"top{k}"
+    k, sure = args.calibrate_k, getattr(args, "calibrate_k_sure", 0)
+    key = f"top{k}" + (f"-sure{sure}" if sure else "")
     pooled = [(it, m) for s in per_size.values() for it, m in s["meas"].get(key, [])]
     if not pooled:
-        raise SystemExit(f"nexus eval decide --calibrate: no {key} measurements (add {k} to --ks)")
+        raise SystemExit(f"nexus eval decide --calibrate: no {key} measurements (add {k} to --ks"
+                         + (f", {sure} to --k-sure)" if sure else ")"))
     router_acc = _router_acc(per_size)
     for size, s in per_size.items():
         if key not in s["meas"]:
@@ -330,7 +345,7 @@ def _calibrate(args, per_size: dict, out: dict, name: str):
         if all(r is not None for r in rows):
             timed = out["sizes"][str(size)][name].get("nexus", {}).get("call_ms_p50")  # kept by a refit
             out["sizes"][str(size)][name]["nexus"] = dict(score(rows), call_ms_p50=timed)
-    return fit(pooled, router_acc, args.max_lost, k, FIT_ALL)
+    return replace(fit(pooled, router_acc, args.max_lost, k, FIT_ALL), k_sure=sure)
 
 
 def _router_acc(per_size: dict) -> float:

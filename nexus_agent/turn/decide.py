@@ -345,8 +345,8 @@ def decider_for(backend) -> Decider:
 
 def top_k(decision, tools: dict, profile: DecideProfile, registry_size: int) -> list[Candidate]:
     """The candidates shown to the model. When the registry fits (`fit_all`), every tool in registry order: the
-    tools section is then the same on every turn and its tokens stay cached. Else the router's first `k`, its
-    pick first (the fused order may differ from the scan's)."""
+    tools section is then the same on every turn and its tokens stay cached. Else the router's first `k` (`k_sure`
+    when its gate is sure), its pick first (the fused order may differ from the scan's)."""
     scores = {c[0]: c[1] for c in decision.candidates}
     if registry_size <= profile.fit_all:
         return [Candidate(t, scores.get(n, 0.0), i) for i, (n, t) in enumerate(tools.items())]
@@ -354,4 +354,5 @@ def top_k(decision, tools: dict, profile: DecideProfile, registry_size: int) -> 
     if decision.tool is not None and decision.tool in names:
         names.remove(decision.tool)
         names.insert(0, decision.tool)
-    return [Candidate(tools[n], scores[n], i) for i, n in enumerate(names[: profile.k]) if n in tools]
+    shown = names[: profile.shown(decision.path)]
+    return [Candidate(tools[n], scores[n], i) for i, n in enumerate(shown) if n in tools]

@@ -22,7 +22,9 @@ _DEFAULTS = Path(__file__).with_name("decide_defaults.json")
 @dataclass
 class DecideProfile:
     """mode: "model" (the model decides among the candidates) or "router" (the router's pick stands);
-    k: candidates shown; fit_all: show every tool when there are at most this many (they fit the prompt);
+    k: candidates shown; k_sure: candidates shown when the router's gate is sure (its path "auto": margin over
+    tau), 0 for k (1: the router's pick is the only candidate, the model decides call or text and fills the
+    arguments); fit_all: show every tool when there are at most this many (they fit the prompt);
     call = bias + w_model * logit(p_call) + w_top1 * top-1 score + w_margin * margin > 0 decides call vs
     text (p_call: the model's probability of starting a call); a candidate's name scores the model's
     log-probability of it + name_weight x the router's score + rank_bias[its rank in the list shown] (small
@@ -32,6 +34,7 @@ class DecideProfile:
 
     mode: str = "model"
     k: int = 5
+    k_sure: int = 0
     fit_all: int = 10
     bias: float = 0.0
     w_model: float = 1.0
@@ -46,8 +49,13 @@ class DecideProfile:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"unknown decide mode {self.mode!r}; choose {' or '.join(MODES)}")
-        if self.k < 1 or self.fit_all < 0:
-            raise ValueError(f"k must be >= 1 and fit_all >= 0, got k={self.k}, fit_all={self.fit_all}")
+        if self.k < 1 or self.k_sure < 0 or self.fit_all < 0:
+            raise ValueError(f"k must be >= 1, k_sure and fit_all >= 0, got k={self.k}, k_sure={self.k_sure}, "
+                             f"fit_all={self.fit_all}")
+
+    def shown(self, path: str) -> int:
+        """How many candidates the model sees for a router decision on `path`."""
+        return self.k_sure if path == "auto" and self.k_sure else self.k
 
     def call_score(self, p_call: float, top1: float, margin: float) -> float:
         """> 0: call a tool; the logistic model's log-odds."""

@@ -18,8 +18,9 @@ def test_tiny_run_writes_the_json_the_issue_names(routing_data, tmp_path, capsys
     out, dump = tmp_path / "decide.json", tmp_path / "dump.json"
     assert main(["eval", "decide", "--tools", str(routing_data / "tools.jsonl"), "--queries",
                  str(routing_data / "queries.jsonl"), "--irrelevant", str(routing_data / "queries_irrelevant.jsonl"),
-                 "--sizes", "10", "--model", "smollm2", "--ks", "3", "--relevant", "2", "--n-irrelevant", "1",
-                 "--n-chat", "2", "--timed", "1", "--n-ctx", "4096", "--dump", str(dump), "--json", str(out)]) == 0
+                 "--sizes", "10", "--model", "smollm2", "--ks", "3", "--k-sure", "1", "--relevant", "2",
+                 "--n-irrelevant", "1", "--n-chat", "2", "--timed", "1", "--n-ctx", "4096", "--dump", str(dump),
+                 "--json", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["items"] == {"relevant": 2, "irrelevant": 1, "chat": 2}
     variants = r["sizes"]["10"]["smollm2"]
@@ -35,6 +36,10 @@ def test_tiny_run_writes_the_json_the_issue_names(routing_data, tmp_path, capsys
     assert r["profiles"]["smollm2"]["mode"] == "router"
     measured = json.loads(dump.read_text())["smollm2"]["10"]["top3"]
     assert len(measured) == 5 and all(0.0 <= m["p_call"] <= 1.0 for _, m in measured)
+    sure = json.loads(dump.read_text())["smollm2"]["10"]["top3-sure1"]  # the gate sure: the router's pick alone
+    assert len(sure) == 5 and all(s == m or (len(s["cands"]) == 1 and s["cands"] == m["cands"][:1])
+                                  for (_, s), (_, m) in zip(sure, measured))
+    assert any(len(s["cands"]) == 1 for _, s in sure) and "top3-sure1" in variants
     assert (tmp_path / "decide.png").read_bytes()[:4] == b"\x89PNG"
     assert "| tools | model | variant |" in capsys.readouterr().out
 

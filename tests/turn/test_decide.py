@@ -137,6 +137,31 @@ def test_after_a_call_the_context_holds_the_tokens_it_names(qwen_backends, route
         live.close()
 
 
+def test_a_sure_gate_shows_its_pick_alone(qwen_backends, router):
+    """k_sure: when the router's gate is sure the model sees its pick alone and still decides call or text and
+    fills the arguments; when it is not, the top k."""
+    from nexus_agent.turn.decide import top_k
+
+    profile = DecideProfile(mode="model", k=3, k_sure=1, fit_all=0)
+    sure = router.route("Add 12 and 30")
+    unsure = router.route("Thanks, that's all I needed.")
+    assert sure.path == "auto" and unsure.path != "auto", (sure, unsure)
+    assert [c.name for c in top_k(sure, TOOLS, profile, len(TOOLS))] == [sure.tool] == ["add"]
+    assert len(top_k(unsure, TOOLS, profile, len(TOOLS))) == 3
+    assert len(top_k(sure, TOOLS, DecideProfile(mode="model", k=3, fit_all=0), len(TOOLS))) == 3  # k_sure 0: k
+
+    backend = qwen_backends("llamacpp")
+    live = LiveContext(backend, None, 4096)
+    try:
+        d = decide_turn(Decider(backend, profile), router, TOOLS, [{"role": "user", "content": "Add 12 and 30"}],
+                        lambda ids: live, 4096, None, "auto", False).decision
+        assert d.kind == "call" and d.candidates == ["add"] and d.calls[0].arguments == {"a": 12, "b": 30}
+    finally:
+        live.close()
+    with pytest.raises(ValueError, match="k_sure"):
+        DecideProfile(k_sure=-1)
+
+
 def test_a_prompt_over_the_context_is_refused(qwen_backends, router):
     with pytest.raises(PromptTooLong, match="context holds 300 tokens"):
         decide(qwen_backends("llamacpp"), router, "Add 12 and 30", n_ctx=300)

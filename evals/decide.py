@@ -9,6 +9,8 @@ Variants, per model and size:
 - `router`: today's router alone (the engine's router-only plan: gate, floor, fused order);
 - `top{k}`: the model decides among the router's top k, shown as its template shows tools (schema text);
 - `top{k}-sure{m}` (`--k-sure`): the same, but only the first m candidates when the router's gate is sure;
+- `...-splice` (`--splice`): the same candidates spliced from their KV blocks (`turn.blocks`), with their fidelity
+  to the variant prefilled as text (the same decision) and the prefill's speed-up;
 - `all`: every tool in the prompt, as llama.cpp's and mlx-lm's servers serve tools (a prompt over the
   context, `--n-ctx`, is a failure: no decision);
 - `nexus`: what `nexus serve` ships for the model: its decide profile (`nexus_agent.turn.profile`) applied.
@@ -245,12 +247,13 @@ def run(args: argparse.Namespace) -> dict:
                 variants += [(f"top{k}-sure{m}", k, 0, None, m) for k in ks for m in sures if m < k < size]
                 if blocks is not None:
                     variants += [(f"top{k}-splice", k, 0, blocks, 0) for k in ks if k < size]
+                    variants += [(f"top{k}-sure{m}-splice", k, 0, blocks, m) for k in ks for m in sures if m < k < size]
                 if args.all_tools:
                     variants.append(("all", size, size, None, 0))
                 sure = bool(sures) and retrieve(engine.router_for(req.tools), req.messages).path == "auto"
                 for vname, k, fit_all, bl, k_sure in variants:
                     if k_sure and not sure:  # the gate is not sure: the same prompt as top{k}
-                        meas.setdefault(vname, []).append(meas[f"top{k}"][-1])
+                        meas.setdefault(vname, []).append(meas[vname.replace(f"-sure{k_sure}", "")][-1])
                         continue
                     try:
                         m = measure(engine, req, k, fit_all, bl, k_sure)

@@ -8,7 +8,8 @@ chat request's tools to the `nexus serve` engine in process (`nexus_agent.serve_
 Variants, per model and size:
 - `router`: today's router alone (the engine's router-only plan: gate, floor, fused order);
 - `top{k}`: the model decides among the router's top k, shown as its template shows tools (schema text);
-- `top{k}-sure{m}` (`--k-sure`): the same, but only the first m candidates when the router's gate is sure;
+- `top{k}-sure{m}` (`--k-sure`, and the model's own setting): the same, but only the first m candidates when the
+  router's gate is sure;
 - `...-splice` (`--splice`): the same candidates spliced from their KV blocks (`turn.blocks`), with their fidelity
   to the variant prefilled as text (the same decision) and the prefill's speed-up;
 - `all`: every tool in the prompt, as llama.cpp's and mlx-lm's servers serve tools (a prompt over the
@@ -65,8 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help="fit the decide profile (cross-fitted scores) and save it in the Nexus home")
     p.add_argument("--calibrate-k", type=int, default=5, help="the k the fitted profile shows the model")
-    p.add_argument("--calibrate-k-sure", type=int, default=0, metavar="M",
-                   help="the fitted profile shows M candidates when the router's gate is sure (add M to --k-sure)")
+    p.add_argument("--calibrate-k-sure", type=int, default=None, metavar="M",
+                   help="the fitted profile shows M candidates when the router's gate is sure (0: k; default: the "
+                        "model's current setting)")
     p.add_argument("--max-lost", type=float, default=0.02, help="relevant requests the fitted rule may answer in text")
     p.add_argument("--n-ctx", type=int, default=32768, help="the engine's context (the all-tools variant needs it)")
     p.add_argument("--seed", type=int, default=0)
@@ -192,7 +194,7 @@ def refit(args: argparse.Namespace) -> dict:
     for name, sizes in json.loads(Path(args.refit).read_text()).items():
         per_size = {int(s): {"meas": {v: [tuple(p) for p in pairs] for v, pairs in vs.items()},
                              "res": out["sizes"][s][name]} for s, vs in sizes.items()}
-        profile = _calibrate(args, per_size, out, name)
+        profile = _calibrate(args, per_size, out, name, out["profiles"][name].get("k_sure", 0))
         save_decide_profile(out["models"][name]["fingerprint"], profile)
         out["profiles"][name] = dict(vars(profile))
         for s in sizes:
@@ -218,7 +220,7 @@ def run(args: argparse.Namespace) -> dict:
     catalogue = [Tool.from_mcp(t) for t in _jsonl(args.tools)]
     sizes = [int(s) for s in args.sizes.split(",")]
     ks = [int(k) for k in args.ks.split(",") if k]
-    sures = [int(m) for m in args.k_sure.split(",") if m]
+    asked_sures = {int(m) for m in args.k_sure.split(",") if m}
     scored = items(args, [t.name for t in catalogue])
     out: dict = {"sizes": {}, "profiles": {}, "items": {k: sum(i["kind"] == k for i in scored) for k in KINDS}}
     dumped: dict = {}
@@ -228,6 +230,7 @@ def run(args: argparse.Namespace) -> dict:
         blocks = ToolBlocks(engine.backend) if args.splice and can else None
         shipped_blocks = engine.decider.blocks
         shipped = load_decide_profile(engine.backend.info.fingerprint, engine.decider.fmt.template_tools)
+        sures = sorted(asked_sures | ({shipped.k_sure} if shipped.k_sure else set()))  # what ships is measured
         name = engine.model_id
         out.setdefault("models", {})[name] = {"fingerprint": engine.backend.info.fingerprint,
                                               "template_tools": engine.decider.fmt.template_tools}
@@ -278,7 +281,7 @@ def run(args: argparse.Namespace) -> dict:
                             for s in sizes}
         profile = shipped
         if args.calibrate:
-            profile = _calibrate(args, per_size, out, name)
+            profile = _calibrate(args, per_size, out, name, shipped.k_sure)
             path = save_decide_profile(engine.backend.info.fingerprint, profile)
             print(f"[decide] {name}: profile ({profile.mode}) saved to {path}")
         out["profiles"][name] = {k: v for k, v in vars(profile).items()}
@@ -326,10 +329,11 @@ def _fidelity(spliced: list, text: list, profile) -> dict:
             "prefill_speedup": float(np.median(pt) / np.median(pf)) if pf and pt else None}
 
 
-def _calibrate(args, per_size: dict, out: dict, name: str):
+def _calibrate(args, per_size: dict, out: dict, name: str, k_sure: int = 0):
     """Fit the profile on every size's top-k measurements (cross-fitted `nexus` scores per size), return the
-    profile fitted on all of them."""
-    k, sure = args.calibrate_k, getattr(args, "calibrate_k_sure", 0)
+    profile fitted on all of them. `k_sure`: the model's current setting, kept unless --calibrate-k-sure says."""
+    k, sure = args.calibrate_k, getattr(args, "calibrate_k_sure", None)
+    sure = k_sure if sure is None else sure
     key = f"top{k}" + (f"-sure{sure}" if sure else "")
     pooled = [(it, m) for s in per_size.values() for it, m in s["meas"].get(key, [])]
     if not pooled:

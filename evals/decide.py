@@ -124,6 +124,11 @@ def registry(rng_seed: int, catalogue: list, gold: str | None, size: int) -> lis
     return [catalogue[i] for i in pool]
 
 
+def variant(k: int, k_sure: int = 0, splice: bool = False) -> str:
+    """A top-k variant's name: `top{k}`, `-sure{k_sure}` when the gate's sureness narrows it, `-splice`."""
+    return f"top{k}" + (f"-sure{k_sure}" if k_sure else "") + ("-splice" if splice else "")
+
+
 def measure(engine, req, k: int, fit_all: int, blocks=None, k_sure: int = 0) -> dict:
     """One model pass: p_call, every candidate's name log-probability, the router's evidence, timings.
 
@@ -246,17 +251,15 @@ def run(args: argparse.Namespace) -> dict:
                 route_ms = (time.perf_counter() - t0) * 1e3
                 rows["router"].append({**it, "pick": plan[0][0].name if plan else None, "decide_ms": route_ms,
                                        "recall": bool(plan) and plan[0][0].name == it["gold"], "prompt_tokens": 0})
-                variants = [(f"top{k}", k, 0, None, 0) for k in ks if k < size]
-                variants += [(f"top{k}-sure{m}", k, 0, None, m) for k in ks for m in sures if m < k < size]
-                if blocks is not None:
-                    variants += [(f"top{k}-splice", k, 0, blocks, 0) for k in ks if k < size]
-                    variants += [(f"top{k}-sure{m}-splice", k, 0, blocks, m) for k in ks for m in sures if m < k < size]
+                variants = [(variant(k, m, bl is not None), k, 0, bl, m)
+                            for bl in ([None] if blocks is None else [None, blocks])
+                            for k in ks if k < size for m in [0, *(s for s in sures if s < k)]]
                 if args.all_tools:
                     variants.append(("all", size, size, None, 0))
                 sure = bool(sures) and retrieve(engine.router_for(req.tools), req.messages).path == "auto"
                 for vname, k, fit_all, bl, k_sure in variants:
                     if k_sure and not sure:  # the gate is not sure: the same prompt as top{k}
-                        meas.setdefault(vname, []).append(meas[vname.replace(f"-sure{k_sure}", "")][-1])
+                        meas.setdefault(vname, []).append(meas[variant(k, 0, bl is not None)][-1])
                         continue
                     try:
                         m = measure(engine, req, k, fit_all, bl, k_sure)
@@ -288,7 +291,7 @@ def run(args: argparse.Namespace) -> dict:
         for size in sizes:
             res = out["sizes"][str(size)][name]
             key = "all" if size <= profile.fit_all and "all" in per_size[size]["meas"] else \
-                f"top{profile.k}" + (f"-sure{profile.k_sure}" if profile.k_sure else "")
+                variant(profile.k, profile.k_sure)
             if profile.mode == "router" or key not in per_size[size]["meas"]:
                 res["nexus"] = dict(res["router"], source="router")
             elif "nexus" not in res:
@@ -334,7 +337,7 @@ def _calibrate(args, per_size: dict, out: dict, name: str, k_sure: int = 0):
     profile fitted on all of them. `k_sure`: the model's current setting, kept unless --calibrate-k-sure says."""
     k, sure = args.calibrate_k, getattr(args, "calibrate_k_sure", None)
     sure = k_sure if sure is None else sure
-    key = f"top{k}" + (f"-sure{sure}" if sure else "")
+    key = variant(k, sure)
     pooled = [(it, m) for s in per_size.values() for it, m in s["meas"].get(key, [])]
     if not pooled:
         raise SystemExit(f"nexus eval decide --calibrate: no {key} measurements (add {k} to --ks"

@@ -7,11 +7,10 @@ smallest calibrated depth >= n (conservative); beyond `max_depth` the segment is
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from registry.home import model_profile_path, update_model_profile
+from registry.home import model_profile_path, read_model_profile, update_model_profile
 
 REPAIR_MODES = ("none", "head", "suffix", "blend", "text")
 
@@ -161,7 +160,7 @@ def load_profile(backend) -> SpliceProfile:
 
     path = model_profile_path(backend.info.fingerprint)
     try:
-        data = json.loads(path.read_text()).get("splice", {}).get(backend.name) if path.exists() else None
+        data = read_model_profile(backend.info.fingerprint).get("splice", {}).get(backend.name)
         if data is None:
             return SpliceProfile(backend=backend.name, fingerprint=backend.info.fingerprint)
         prof = SpliceProfile(**data)

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from registry.home import model_profile_path, update_model_profile
+from registry.home import model_profile_path, read_model_profile, update_model_profile
 
 MODES = ("model", "router")
 _DEFAULTS = Path(__file__).with_name("decide_defaults.json")
@@ -72,7 +72,7 @@ def load_decide_profile(fingerprint: str, template_tools: bool) -> DecideProfile
     by template (a tools section: the model decides; none: the router)."""
     path = model_profile_path(fingerprint)
     try:
-        data = json.loads(path.read_text()).get("decide") if path.exists() else None
+        data = read_model_profile(fingerprint).get("decide")
     except ValueError as e:
         raise ValueError(f"{path}: unreadable profile ({e}); rerun `nexus eval decide --calibrate`") from None
     if data is None:

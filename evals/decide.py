@@ -146,8 +146,8 @@ def measure(engine, req, k: int, fit_all: int, blocks=None, k_sure: int = 0) -> 
     engine.decider.blocks = blocks
     engine.decider.all_names = True  # every candidate's log-probability: variants are scored from them offline
     by_name = {t.name: t for t in req.tools}
-    cands = top_k(retrieve(engine.router_for(req.tools), req.messages), by_name, engine.decider.profile,
-                  len(req.tools))
+    profile = engine.decider.profile
+    cands = top_k(retrieve(engine.router_for(req.tools), req.messages, profile.k), by_name, profile, len(req.tools))
     ids, spans = engine.decider.prompt(template_messages(req.messages), cands)
     head = spans[0][0] if spans else 0
     for live in engine.contexts:  # keep only the shared head cached

@@ -16,7 +16,6 @@ One turn:
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -30,9 +29,7 @@ from nexus_agent.prompts import answer_messages, observation_text
 from nexus_agent.servers import Observation, ServerPool
 from nexus_agent.trace import Trace
 from nexus_agent.turn.decide import decider_for
-
-_STEP_SPLIT = re.compile(r"\s*(?:;\s*(?:and\s+)?(?:then\s+)?|,?\s+and then\s+"
-                         r"|,?\s+then\s+|[.?!]\s+then\s+)\s*", re.IGNORECASE)
+from nexus_agent.turn.retrieval import split_steps
 
 
 @dataclass
@@ -77,14 +74,6 @@ class TurnResult:
     answer: str
     calls: list[ToolCall] = field(default_factory=list)
     routes: list[dict] = field(default_factory=list)
-
-
-def split_steps(request: str, max_steps: int) -> list[str]:
-    """The request's steps at explicit sequencing words; the tail beyond `max_steps` stays in the last step."""
-    parts = [p.strip(" .") for p in _STEP_SPLIT.split(request) if p.strip(" .")]
-    if len(parts) > max_steps:
-        parts = parts[: max_steps - 1] + [" then ".join(parts[max_steps - 1:])]
-    return parts or [request]
 
 
 def result_text(call: ToolCall, limit: int = 300) -> str:

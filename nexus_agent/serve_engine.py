@@ -6,7 +6,7 @@ A request's `tools` are what Nexus routes over. Each tool's embedding is kept by
 in the Nexus home's embedding store (`slb.embed_store`, shared with `nexus mcp` and the registry, so a restart
 embeds nothing it has seen; one stderr line per new tool list says how many were embedded), and the Router over
 a tool list is cached by the list's hashes, so a repeated tool list costs neither an embedding nor an index
-build. The last user message is split into steps (`loop.split_steps`) and each step
+build. The last user message is split into steps (`turn.retrieval.split_steps`) and each step
 routed (`slb.router.Router`, gate mode: "none" means no call; `tool_choice: "required"` takes the scan's top-1
 anyway; a named function skips routing). Arguments come from `arguments.decoder.ArgumentDecoder` (compressed
 signature prompt, llguidance schema grammar, copy bias from the request and earlier tool results, its policy for
@@ -31,9 +31,9 @@ from typing import Callable
 
 from nexus_agent.openai_api import ApiError, ChatRequest, StopText, new_id, render_messages, result_text, tool_names
 from nexus_agent.openai_api import usage as usage_of
+from nexus_agent.turn.retrieval import MAX_STEPS, split_steps
 
 DEFAULT_MAX_TOKENS = 512  # answer tokens when the request sets no limit (capped by the context left)
-MAX_STEPS = 8
 
 
 class Cancelled(Exception):
@@ -155,8 +155,6 @@ class Engine:
 
     def plan(self, req: ChatRequest) -> list[tuple[object, str]]:
         """The (tool, step) calls this reply makes; [] for a text answer."""
-        from nexus_agent.loop import split_steps
-
         if not req.tools or req.tool_choice == "none":
             return []
         last = max((i for i, m in enumerate(req.messages) if m["role"] == "user"), default=None)

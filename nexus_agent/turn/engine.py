@@ -83,7 +83,7 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
     """
     from nexus_agent.openai_api import render_messages, template_messages
 
-    d = retrieve(router, messages)
+    d = retrieve(router, messages, decider.profile.k)
     cands = top_k(d, tools, decider.profile, len(tools))
     if tool_choice in tools and all(c.name != tool_choice for c in cands):
         cands.insert(0, Candidate(tools[tool_choice], 0.0, 0))

@@ -4,13 +4,32 @@ The last user message is routed as it is. A follow-up ("do the same for Paris", 
 names no tool by itself, so when an earlier user turn exists the two are also routed together, and the
 candidates of both queries are merged by their best score. Tool results after the last user message (the
 turn's own calls) are appended to the joint query: the next call often acts on what the last one returned.
+
+A request in steps ("What time is it in Tokyo? Then show the last 3 commits") is also routed step by step
+(`split_steps`), and each step's candidates are merged in the same way: the whole request's pick answers one of its
+steps at best. When a step's pick is another tool than the whole request's, the gate's margin does not make the
+turn sure of one tool: its path becomes "rerank", so the model is shown the top k (`DecideProfile.shown`) and not
+the whole request's pick alone.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 RESULT_CHARS = 200
+MAX_STEPS = 8  # steps routed apart; the tail stays in the last one
+
+_STEP_SPLIT = re.compile(r"\s*(?:;\s*(?:and\s+)?(?:then\s+)?|,?\s+and then\s+"
+                         r"|,?\s+then\s+|[.?!]\s+then\s+)\s*", re.IGNORECASE)
+
+
+def split_steps(request: str, max_steps: int) -> list[str]:
+    """The request's steps at explicit sequencing words; the tail beyond `max_steps` stays in the last step."""
+    parts = [p.strip(" .") for p in _STEP_SPLIT.split(request) if p.strip(" .")]
+    if len(parts) > max_steps:
+        parts = parts[: max_steps - 1] + [" then ".join(parts[max_steps - 1:])]
+    return parts or [request]
 
 
 def turn_queries(messages: list[dict]) -> list[str]:
@@ -28,17 +47,48 @@ def turn_queries(messages: list[dict]) -> list[str]:
     return queries
 
 
-def retrieve(router, messages: list[dict]):
+def retrieve(router, messages: list[dict], k: int = 5):
     """The router's decision for the last user message with the candidates of the conversation-aware
-    queries merged in (best score per tool, best first)."""
+    queries merged in (best score per tool, best first). When the message has steps, the path is "rerank" where
+    a step picks another tool than the whole message, and the pick of each step the gate is sure of is among the
+    first `k` candidates (the weakest that is no such pick makes room)."""
     queries = turn_queries(messages) or [""]
     first = router.route(queries[0])
-    if len(queries) == 1:
-        return first
-    best = {c[0]: c for c in first.candidates}
-    for q in queries[1:]:
-        for c in router.route(q).candidates:
-            if c[0] not in best or c[1] > best[c[0]][1]:
-                best[c[0]] = c
-    merged = sorted(best.values(), key=lambda c: -c[1])[: max(len(first.candidates), 1)]
-    return replace(first, candidates=merged)
+    decision = first
+    if len(queries) > 1:
+        best = {c[0]: c for c in first.candidates}
+        for q in queries[1:]:
+            for c in router.route(q).candidates:
+                if c[0] not in best or c[1] > best[c[0]][1]:
+                    best[c[0]] = c
+        merged = sorted(best.values(), key=lambda c: -c[1])[: max(len(first.candidates), 1)]
+        decision = replace(first, candidates=merged)
+    steps = split_steps(queries[0], MAX_STEPS)
+    if len(steps) > 1:
+        parts = [router.route(s) for s in steps]
+        if first.path == "auto" and any(p.tool not in (None, first.tool) for p in parts):
+            decision = replace(decision, path="rerank")
+        decision = replace(decision, candidates=make_room(
+            decision.candidates, [p.candidates[0] for p in parts if p.path == "auto"], decision.tool, k))
+    return decision
+
+
+def make_room(cands: list[tuple], picks: list[tuple], tool: str | None, k: int) -> list[tuple]:
+    """`cands` with each of `picks` (candidate tuples) among the first `k`: a pick shown already stays where it is,
+    another takes the place of the weakest of the first k that is neither a pick nor `tool`, which moves to the end."""
+    out = list(cands)
+    keep = {c[0] for c in picks} | {tool}
+    for pick in picks:
+        if any(c[0] == pick[0] for c in out[:k]):
+            continue
+        if len(out) < k:
+            out.append(pick)
+            continue
+        at = next((i for i in range(min(k, len(out)) - 1, -1, -1) if out[i][0] not in keep), None)
+        if at is None:
+            break
+        displaced = out[at]
+        out = [c for c in out if c[0] != pick[0]]
+        out[at] = pick
+        out.append(displaced)
+    return out

@@ -73,7 +73,7 @@ def test_crash_hang_and_invalid_output_are_observations_and_session_continues(ag
 
 def test_split_steps_and_validate():
     from nexus_agent.arguments.decoder import validate
-    from nexus_agent.loop import split_steps
+    from nexus_agent.turn.retrieval import split_steps
 
     assert split_steps("add 2 and 3, then multiply 4 by 5; then say hi", 4) == [
         "add 2 and 3", "multiply 4 by 5", "say hi"]

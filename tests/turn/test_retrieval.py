@@ -1,11 +1,12 @@
 """Conversation-aware retrieval (nexus_agent.turn.retrieval): a follow-up that names no tool is retrieved with
-the earlier turn, and the turn's tool results reach the joint query; the real MiniLM router over real tools."""
+the earlier turn, and the turn's tool results reach the joint query; a request in steps is not one tool the gate
+is sure of, and each sure step's pick is shown; the real MiniLM router over real tools."""
 
 from __future__ import annotations
 
 import pytest
 
-from nexus_agent.turn.retrieval import retrieve, turn_queries
+from nexus_agent.turn.retrieval import make_room, retrieve, split_steps, turn_queries
 from registry.model import Tool
 
 TOOLS = [Tool.from_mcp({"name": n, "description": d, "inputSchema": {"type": "object", "properties": p}})
@@ -50,3 +51,31 @@ def test_a_follow_up_is_retrieved_with_the_earlier_turn(router):
     weather = {c[0]: c[1] for c in alone.candidates}["get_weather"]
     assert joint.candidates[0][1] > weather  # better evidence than the follow-up's own words
     assert joint.score == alone.score and joint.margin == alone.margin  # the gate's evidence: the last message
+
+
+def test_make_room_shows_each_pick_in_the_first_k():
+    cands = [(n, 1.0 - i / 10) for i, n in enumerate("abcdef")]
+    assert make_room(cands, [("b", 0.5)], "a", 3) == cands  # shown already: stays where it is
+    got = make_room(cands, [("e", 0.6), ("f", 0.5)], "a", 3)
+    assert [c[0] for c in got] == ["a", "f", "e", "d", "c", "b"]  # the weakest shown give way, to the end
+    assert got[2] == ("e", 0.6)  # the step's own candidate (its score)
+    two = make_room(cands, [("e", 0.6), ("f", 0.5)], "a", 2)
+    assert [c[0] for c in two] == ["a", "e", "c", "d", "f", "b"]  # no room left for f
+    assert [c[0] for c in make_room(cands[:2], [("x", 0.3)], "a", 3)] == ["a", "b", "x"]  # room left: appended
+    assert make_room(cands, [], "a", 3) == cands
+
+
+def test_a_request_in_steps_is_not_one_tool_the_gate_is_sure_of(router):
+    steps = "Send an email to bob@example.org saying hi, then play the song Yesterday"
+    assert split_steps(steps, 8) == ["Send an email to bob@example.org saying hi", "play the song Yesterday"]
+    whole = router.route(steps)
+    assert (whole.tool, whole.path) == ("play_music", "auto"), whole  # sure of one step's tool
+    assert [router.route(s).path for s in split_steps(steps, 8)] == ["auto", "auto"]
+    got = retrieve(router, [{"role": "user", "content": steps}], k=2)
+    assert got.path == "rerank" and got.tool == "play_music"  # the model sees the top k, not the pick alone
+    assert {c[0] for c in got.candidates[:2]} == {"play_music", "send_email"}, got.candidates
+    assert got.score == whole.score and got.margin == whole.margin
+
+    one = "Play the song Yesterday by the Beatles"
+    alone = router.route(one)
+    assert alone.path == "auto" and retrieve(router, [{"role": "user", "content": one}], k=2).path == "auto"

@@ -257,7 +257,7 @@ class _Tokens:
 def _row(r: dict, gold: str, tools: dict, tokens: int | None) -> dict:
     schema = tools[r["tool"]].input_schema if r["tool"] in tools else None
     return {k: r.get(k) for k in ("first_tool_ms", "complete_ms", "end_ms", "tool", "arguments", "parsed",
-                                  "failure", "error")} | {
+                                  "failure", "error")} | {"n_calls": len(r.get("calls") or []),
         "gold": gold, "right": r["tool"] == gold, "valid": _valid(r["arguments"], schema), "prompt_tokens": tokens,
         "text": (r.get("content") or "")[:300] if r["parsed"] == "text" or r["failure"] in ("no_call", "bad_json")
         else None}
@@ -322,15 +322,18 @@ def _measure_sizes(srv: Server, plan: dict, tools: dict, count, args) -> dict:
 
 
 def _result_message(k: int, r: dict) -> list[dict]:
-    """The assistant's reply as a conversation turn, then the tool's result when it called one (content "" rather
-    than None beside a call: llama_cpp.server's request model refuses None)."""
-    if r["tool"] is None:
+    """The assistant's reply as a conversation turn, then a result for each call it made, as an agent sends them
+    (content "" rather than None beside a call: llama_cpp.server's request model refuses None)."""
+    calls = [c for c in r.get("calls") or [] if c[0]] or ([[r["tool"], r["arguments"]]] if r["tool"] else [])
+    if not calls:
         return [{"role": "assistant", "content": r.get("content") or ""}]
-    call_id = f"call_{k}"
-    return [{"role": "assistant", "content": "", "tool_calls": [{"id": call_id, "type": "function", "function": {
-                "name": r["tool"], "arguments": r["arguments"] or "{}"}}]},
-            {"role": "tool", "tool_call_id": call_id,
-             "content": json.dumps({"status": "ok", "tool": r["tool"], "result": f"done (step {k + 1})"})}]
+    ids = [f"call_{k}_{i}" for i in range(len(calls))]
+    return [{"role": "assistant", "content": "", "tool_calls": [
+                {"id": i, "type": "function", "function": {"name": name, "arguments": args or "{}"}}
+                for i, (name, args) in zip(ids, calls)]}] + [
+            {"role": "tool", "tool_call_id": i,
+             "content": json.dumps({"status": "ok", "tool": name, "result": f"done (step {k + 1})"})}
+            for i, (name, _) in zip(ids, calls)]
 
 
 def _conversation(srv: Server, conv: dict, tools: dict, count, args) -> dict:

@@ -77,11 +77,12 @@ def chat_request(port: int, body: dict, timeout: float) -> dict:
     """POST /v1/chat/completions on 127.0.0.1:`port`, streamed when body["stream"].
 
     Returns ms to the first byte of the first tool call and to its last byte (`first_tool_ms`, `complete_ms`), to
-    the end of the reply (`end_ms`), the call (`tool`, `arguments`; `parsed`: "structured" from delta.tool_calls or
-    "text" from the content), the content, and `failure` (a FAILURES kind, None when a call was made) with `error`
-    text. `timeout` bounds the whole request in seconds."""
+    the end of the reply (`end_ms`), the first call (`tool`, `arguments`; `parsed`: "structured" from
+    delta.tool_calls or "text" from the content), every call as [name, arguments text] (`calls`), the content,
+    and `failure` (a FAILURES kind, None when a call was made) with `error` text. `timeout` bounds the
+    whole request in seconds."""
     out = {"first_tool_ms": None, "complete_ms": None, "end_ms": None, "tool": None, "arguments": None,
-           "parsed": None, "finish": None, "content": "", "failure": None, "error": None}
+           "parsed": None, "finish": None, "content": "", "failure": None, "error": None, "calls": []}
     t0 = time.perf_counter()
 
     def ms() -> float:
@@ -108,6 +109,7 @@ def chat_request(port: int, body: dict, timeout: float) -> dict:
             if calls:
                 tool_first = tool_last = out["end_ms"]
                 out["tool"], args = calls[0]["function"]["name"], calls[0]["function"]["arguments"]
+                out["calls"] = [[c["function"]["name"], c["function"]["arguments"]] for c in calls]
             marks.append((len(out["content"]), out["end_ms"]))
         else:
             for line in resp:
@@ -124,11 +126,16 @@ def chat_request(port: int, body: dict, timeout: float) -> dict:
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
                     for call in delta.get("tool_calls") or []:
+                        fn = call.get("function") or {}
+                        while len(out["calls"]) <= call.get("index", 0):
+                            out["calls"].append([None, ""])
+                        each = out["calls"][call.get("index", 0)]
+                        each[0] = each[0] or fn.get("name")
+                        each[1] += fn.get("arguments") or ""
                         if call.get("index", 0) != 0:
                             continue
                         tool_first = tool_first if tool_first is not None else ms()
                         tool_last = ms()
-                        fn = call.get("function") or {}
                         out["tool"] = out["tool"] or fn.get("name")
                         args += fn.get("arguments") or ""
                     if delta.get("content"):
@@ -154,6 +161,7 @@ def chat_request(port: int, body: dict, timeout: float) -> dict:
         out["arguments"] = args if _is_object(args) else None
     elif (call := parse_text_call(out["content"])) is not None:
         out["parsed"], out["tool"], out["arguments"] = "text", call.name, call.arguments
+        out["calls"] = [[call.name, call.arguments]]
         out["first_tool_ms"] = next(t for n, t in marks if n > call.start)
         out["complete_ms"] = next(t for n, t in marks if n >= call.end)
     if out["tool"] is None:

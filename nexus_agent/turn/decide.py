@@ -130,6 +130,10 @@ class Decider:
         self.closer = self.tok.encode(self.fmt.closer, special=True)
         self.next_call = self.tok.encode(self.fmt.separator + self.fmt.opener, special=True)[:1]
         self.call_starts, self.brace_starts = _starts(self.tok, self.fmt)
+        # control tokens no reply holds (Qwen's <|im_start|>, fill-in-the-middle markers): not the end of a turn,
+        # not the call opener
+        self.stray = np.array(sorted(set(self.tok.special_ids) - set(self.tok.eos_ids) - set(self.opener[:1])),
+                              dtype=np.int64)
         self.all_names = False  # score every candidate's name, not only those that might win (`_name`)
 
     # -- the prompt ---------------------------------------------------------------------------------------
@@ -162,9 +166,12 @@ class Decider:
         self.blocks.queue(render, tools)
 
     def p_call(self, logits: np.ndarray) -> float:
+        """p(a call begins | the reply begins with a token a reply can hold): a stray control token is no answer
+        (the 0.5B Qwen put 0.95 on <|im_start|> after a Vietnamese request it would then call a tool for)."""
         z = logits.astype(np.float64)
         p = np.exp(z - z.max())
-        return float(p[self.call_starts].sum() / p.sum())
+        valid = p.sum() - p[self.stray[self.stray < len(p)]].sum()
+        return float(p[self.call_starts].sum() / valid) if valid > 0 else 0.0
 
     # -- one decision -------------------------------------------------------------------------------------
     def decide(self, live, ids: list[int], candidates: list[Candidate], top1: float, margin: float,
@@ -222,8 +229,8 @@ class Decider:
                 # otherwise repeat a call, or call every candidate with the same value)
             d.calls.append(Choice(name, args, problem, text))
             ids = done = self._after_arguments(live, ids, text) + self.closer
-            if not parallel or len(d.calls) >= MAX_PARALLEL or named:
-                break
+            if not parallel or len(d.calls) >= MAX_PARALLEL or named or not _values_left(request, d.calls):
+                break  # (no value of the request is left for a further call: `_new_part` would drop it, decoded)
             logits = live.prefill(ids)
             p = np.exp(logits.astype(np.float64) - logits.max())
             if p[self.next_call].sum() / p.sum() < 0.5:  # the model would rather end its message
@@ -285,13 +292,15 @@ class Decider:
     def text_mask(self) -> Callable:
         """A logits processor that keeps a text decision text: the call opener's first token is forbidden, and so
         is a JSON object where the answer begins (bare or in a code fence): the 0.5B Qwen writes a call out as
-        `{"name": ...}` text, which a framework would show as the answer."""
+        `{"name": ...}` text, which a framework would show as the answer; a stray control token (`stray`) is
+        forbidden throughout (it wrote `<|im_start|>` and then a call)."""
         first = self.opener[:1]
-        brace = self.brace_starts
+        brace, stray = self.brace_starts, self.stray
 
         def mask(tokens, logits):
+            logits = logits.copy()
+            logits[stray[stray < len(logits)]] = -np.inf
             if len(tokens) <= 8 and _FENCE.fullmatch(self.tok.decode(tokens) if tokens else ""):
-                logits = logits.copy()
                 logits[brace[brace < len(logits)]] = -np.inf
                 if not tokens and first:
                     logits[first] = -np.inf
@@ -315,6 +324,31 @@ def _leaves(value) -> list:
 
 def _words(values) -> set[str]:
     return {w for v in values if v is not None for w in re.findall(r"\w+", str(v).lower())}
+
+
+_QUOTED = re.compile(r"[\"'“‘`]([^\"'”’`\n]+)[\"'”’`]")
+_INNER = re.compile(r"\w[/@:_.\\]\w")
+
+
+def _value_words(request: str) -> set[str]:
+    """The request's words that look like values a call takes: quoted, or in a word with a digit, with a path's or
+    an address's inner punctuation (/ @ : _ .), or capitalised away from a sentence's start ("Paris", not "Find";
+    not "I")."""
+    out = {w for m in _QUOTED.finditer(request) for w in _words([m.group(1)])}
+    prev = "."
+    for chunk in request.split():
+        core = chunk.strip("()[]{},;:!?\"'“”‘’`")
+        if core and (any(ch.isdigit() for ch in core) or _INNER.search(core)
+                     or (core[0].isupper() and prev[-1] not in ".?!" and core != "I")):
+            out |= _words([core])
+        prev = chunk
+    return out
+
+
+def _values_left(request: str, earlier: list[Choice]) -> bool:
+    """Whether a value of `request` is left that no call in `earlier` took: a further call that takes none of the
+    request's values could not act on a part of its own (`_new_part`), so it is not decoded."""
+    return bool(_value_words(request) - _words(v for c in earlier for v in _leaves(c.arguments or {})))
 
 
 def _new_part(args: dict | None, earlier: list[Choice], request: str) -> bool:

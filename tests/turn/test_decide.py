@@ -105,7 +105,7 @@ def test_every_outcome_on_both_backends(qwen_backends, router, name):
 def test_after_a_call_the_context_holds_the_tokens_it_names(qwen_backends, router, request_text):
     """After a call the held ids are the tokens the context holds: the arguments as they were decoded, not their
     text encoded again (other tokens for some values: 12 tokens computed again for the time zone, 5 for a city),
-    so checking for a further call feeds only the closer."""
+    so checking for a further call feeds only the closer; with no value of the request left there is no check."""
     from nexus_agent.trace import Trace
 
     backend = qwen_backends("llamacpp")
@@ -128,11 +128,18 @@ def test_after_a_call_the_context_holds_the_tokens_it_names(qwen_backends, route
         turn = decide_turn(decider, router, TOOLS, [{"role": "user", "content": request_text}], lambda ids: live,
                            4096, None, "auto", True)
         assert turn.decision.kind == "call", turn.decision
-        assert after_calls and all(n <= len(closer) + 2 for n, _ in after_calls), after_calls
-        # the context's ids: the prompt, then the calls made, through the last one's closer (nothing of a further
-        # call the decision did not make)
-        assert live.ids[: len(turn.ids)] == turn.ids and live.ids[-len(closer):] == closer
-        assert len(live.ids) <= live.session.n_past
+        # a further call is checked for while a value of the request is left: after Paris, not after London
+        assert len(after_calls) == len(turn.decision.calls) - 1, (after_calls, turn.decision.calls)
+        assert all(n <= len(closer) + 2 for n, _ in after_calls), after_calls
+        # the context's ids: the prompt, then the calls made, through the last one's arguments (its closer is in
+        # the decision's ids; nothing of a further call the decision did not make)
+        assert live.ids[: len(turn.ids)] == turn.ids and len(live.ids) <= live.session.n_past
+        calls = backend.tokenizer.decode(live.ids[len(turn.ids):])
+        assert calls.count("<tool_call>") == len(turn.decision.calls), calls
+        fmt, last = decider.fmt, turn.decision.calls[-1]
+        whole = fmt.opener + last.name + fmt.between + last.text + fmt.closer  # the last call, as the decision has it
+        held = fmt.opener + calls.rsplit(fmt.opener, 1)[1]
+        assert whole.startswith(held) and len(whole) - len(held) <= len(fmt.closer) + 2, (held, whole)
     finally:
         live.close()
 
@@ -220,6 +227,55 @@ def test_a_parallel_call_must_act_on_its_own_part_of_the_request():
     log = [Choice("git_log", {"repo_path": repo, "max_count": 3})]
     # "last" and "commits" are new, but the path and the count are git_log's: a step after it, not beside it
     assert not _new_part({"repo_path": repo, "revision": "last 3 commits"}, log, asked)
+
+
+def test_a_further_call_is_tried_only_while_a_value_of_the_request_is_left():
+    from nexus_agent.turn.decide import Choice, _value_words, _values_left
+
+    assert _value_words("Find the average closing price of Apple stock in the past 60 days") == {"apple", "60"}
+    assert _value_words("Search for a hotel in Toronto, Canada? I would like one room.") == {"toronto", "canada"}
+    assert _value_words("email bob@example.org the file 'Q3 plan' from /tmp/a") == {
+        "bob", "example", "org", "q3", "plan", "tmp", "a"}
+    apple = [Choice("avg_closing_price", {"company": "Apple", "days": 60, "data_source": "yahoo finance"})]
+    assert not _values_left("Find the average closing price of Apple stock in the past 60 days", apple)
+    weather = "What is the weather in Paris and in London?"
+    assert _values_left(weather, [Choice("get_weather", {"city": "Paris"})])
+    assert not _values_left(weather, [Choice("get_weather", {"city": "Paris"}), Choice("get_weather",
+                                                                                       {"city": "London"})])
+
+
+@pytest.mark.parametrize("name", ["llamacpp"])
+def test_a_call_that_takes_every_value_is_the_only_one_decoded(qwen_backends, router, name):
+    backend = qwen_backends(name)
+    live = LiveContext(backend, None, 4096)
+    begun: list[int] = []
+
+    def on_arguments(index, tool, shown):
+        begun.append(index)
+        return lambda piece: False
+
+    try:
+        turn = decide_turn(Decider(backend, DecideProfile(mode="model")), router, TOOLS,
+                           [{"role": "user", "content": "Add 12 and 30"}], lambda ids: live, 4096, None, "auto",
+                           True, on_arguments=on_arguments)
+    finally:
+        live.close()
+    assert [(c.name, c.arguments) for c in turn.decision.calls] == [("add", {"a": 12, "b": 30})]
+    assert begun == [0]  # no further call was opened and decoded only to be dropped
+
+
+def test_a_stray_control_token_is_no_reply(qwen_backends):
+    decider = Decider(qwen_backends("llamacpp"), DecideProfile(mode="model"))
+    tok = decider.tok
+    im_start, im_end = tok.encode("<|im_start|>", special=True)[0], tok.encode("<|im_end|>", special=True)[0]
+    assert im_start in decider.stray and im_end not in decider.stray and decider.opener[0] not in decider.stray
+    logits = np.full(tok.vocab_size, -30.0, dtype=np.float32)
+    logits[im_start], logits[decider.opener[0]], logits[im_end] = 10.0, 9.0, 8.0
+    p = decider.p_call(logits)  # <|im_start|> is not a reply: p(call | a reply) is the opener's share of the rest
+    assert abs(p - np.exp(9.0) / (np.exp(9.0) + np.exp(8.0))) < 1e-3
+    mask = decider.text_mask()
+    later = mask(tok.encode("The answer is"), logits)
+    assert later[im_start] == -np.inf and later[im_end] == 8.0  # forbidden anywhere in a text answer; the end is not
 
 
 def test_an_answer_after_tool_results_gets_the_request_and_its_results_in_one_turn():

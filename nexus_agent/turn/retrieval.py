@@ -6,10 +6,11 @@ candidates of both queries are merged by their best score. Tool results after th
 turn's own calls) are appended to the joint query: the next call often acts on what the last one returned.
 
 A request in steps ("What time is it in Tokyo? Then show the last 3 commits") is also routed step by step
-(`split_steps`), and each step's candidates are merged in the same way: the whole request's pick answers one of its
-steps at best. When a step's pick is another tool than the whole request's, the gate's margin does not make the
-turn sure of one tool: its path becomes "rerank", so the model is shown the top k (`DecideProfile.shown`) and not
-the whole request's pick alone.
+(`split_steps`): the whole request's pick answers one of its steps at best. When a step's pick is another tool than
+the whole request's, the gate's margin does not make the turn sure of one tool: its path becomes "rerank", so the
+model is shown the top k (`DecideProfile.shown`) and not the whole request's pick alone. The pick of each step the
+gate is sure of is among those k (`make_room`); an unsure step's pick is not forced in (shown, the time step's
+near-tie `convert_time` drew a wrong call).
 """
 
 from __future__ import annotations

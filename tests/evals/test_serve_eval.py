@@ -90,3 +90,19 @@ def test_same_queries_ask_every_size_the_same_requests_among_its_own_distractors
     assert names[10] & names[50] == golds  # each size its own distractors
     plan, _, _ = serve._workload(p.parse_args(base))  # the default: each size its own queries
     assert not {r["query"] for r in plan[10]} & {r["query"] for r in plan[50]}
+
+
+def test_a_conversation_answers_every_call_a_reply_made():
+    from evals.serve import _result_message
+
+    two = {"tool": "get_weather", "arguments": '{"city": "Paris"}', "content": "",
+           "calls": [["get_weather", '{"city": "Paris"}'], ["get_weather", '{"city": "London"}']]}
+    assistant, *results = _result_message(3, two)
+    sent = assistant["tool_calls"]
+    assert [c["function"]["arguments"] for c in sent] == ['{"city": "Paris"}', '{"city": "London"}']
+    assert [r["tool_call_id"] for r in results] == [c["id"] for c in sent] and len({c["id"] for c in sent}) == 2
+    assert all(r["role"] == "tool" and json.loads(r["content"])["result"] == "done (step 4)" for r in results)
+    text_call = {"tool": "add", "arguments": '{"a": 1}', "content": '{"name": "add", ...}', "calls": []}
+    assert len(_result_message(0, text_call)) == 2  # a call read from the text: one call, one result
+    assert _result_message(0, {"tool": None, "arguments": None, "content": "Hello"}) == [
+        {"role": "assistant", "content": "Hello"}]

@@ -99,7 +99,6 @@ def chat_request(port: int, body: dict, timeout: float) -> dict:
             out["failure"] = "overflow" if _overflow(text) else "http"
             out["error"] = f"HTTP {resp.status}: {text[:300]}"
             return out
-        args = ""
         if not body.get("stream"):
             choice = json.loads(resp.read())["choices"][0]
             out["end_ms"] = ms()
@@ -108,7 +107,6 @@ def chat_request(port: int, body: dict, timeout: float) -> dict:
             calls = message.get("tool_calls") or []
             if calls:
                 tool_first = tool_last = out["end_ms"]
-                out["tool"], args = calls[0]["function"]["name"], calls[0]["function"]["arguments"]
                 out["calls"] = [[c["function"]["name"], c["function"]["arguments"]] for c in calls]
             marks.append((len(out["content"]), out["end_ms"]))
         else:
@@ -126,18 +124,15 @@ def chat_request(port: int, body: dict, timeout: float) -> dict:
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
                     for call in delta.get("tool_calls") or []:
-                        fn = call.get("function") or {}
-                        while len(out["calls"]) <= call.get("index", 0):
+                        fn, i = call.get("function") or {}, call.get("index", 0)
+                        while len(out["calls"]) <= i:
                             out["calls"].append([None, ""])
-                        each = out["calls"][call.get("index", 0)]
+                        each = out["calls"][i]
                         each[0] = each[0] or fn.get("name")
                         each[1] += fn.get("arguments") or ""
-                        if call.get("index", 0) != 0:
-                            continue
-                        tool_first = tool_first if tool_first is not None else ms()
-                        tool_last = ms()
-                        out["tool"] = out["tool"] or fn.get("name")
-                        args += fn.get("arguments") or ""
+                        if i == 0:  # the first call's bytes are the ones timed
+                            tool_first = tool_first if tool_first is not None else ms()
+                            tool_last = ms()
                     if delta.get("content"):
                         out["content"] += delta["content"]
                         marks.append((len(out["content"]), ms()))
@@ -148,6 +143,7 @@ def chat_request(port: int, body: dict, timeout: float) -> dict:
                 out["failure"] = "http"
                 out["error"] = "the stream ended without a finish_reason (the server dropped it; see its log)"
         conn.close()
+        out["tool"], args = out["calls"][0] if out["calls"] else (None, "")
     except (socket.timeout, TimeoutError) as e:
         out["failure"], out["error"] = "timeout", f"{type(e).__name__}: {e}"
         return out

@@ -326,6 +326,11 @@ def _words(values) -> set[str]:
     return {w for v in values if v is not None for w in re.findall(r"\w+", str(v).lower())}
 
 
+def _taken(earlier: list[Choice]) -> set[str]:
+    """The words of every argument value the calls in `earlier` wrote."""
+    return _words(v for c in earlier for v in _leaves(c.arguments or {}))
+
+
 _QUOTED = re.compile(r"[\"'“‘`]([^\"'”’`\n]+)[\"'”’`]")
 _INNER = re.compile(r"\w[/@:_.\\]\w")
 
@@ -348,7 +353,7 @@ def _value_words(request: str) -> set[str]:
 def _values_left(request: str, earlier: list[Choice]) -> bool:
     """Whether a value of `request` is left that no call in `earlier` took: a further call that takes none of the
     request's values could not act on a part of its own (`_new_part`), so it is not decoded."""
-    return bool(_value_words(request) - _words(v for c in earlier for v in _leaves(c.arguments or {})))
+    return bool(_value_words(request) - _taken(earlier))
 
 
 def _new_part(args: dict | None, earlier: list[Choice], request: str) -> bool:
@@ -357,7 +362,7 @@ def _new_part(args: dict | None, earlier: list[Choice], request: str) -> bool:
     not "Tokyo" after "Asia/Tokyo", nor `git_show` "last 3 commits" in the repository `git_log` took with 3:
     a call that shares most of its words with one made is a step after it, made once its result is seen)."""
     asked = _words([request])
-    taken = _words(v for c in earlier for v in _leaves(c.arguments or {})) & asked
+    taken = _taken(earlier) & asked
     mine = _words(_leaves(args or {})) & asked
     return bool(mine - taken) and len(mine - taken) >= len(mine & taken)
 

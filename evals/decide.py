@@ -35,7 +35,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from evals.decide_fit import apply, fit
+from evals.decide_fit import apply, fit, with_values
 from evals.decide_report import FIGURES, table
 from evals.render import save_plot
 
@@ -76,7 +76,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dump", default=None, metavar="FILE",
                    help="write every item's measurements (JSON) to refit a profile without the model")
     p.add_argument("--refit", default=None, metavar="DUMP",
-                   help="calibrate again from a --dump of a run whose JSON is at --json (no model pass)")
+                   help="calibrate again from a --dump of a run whose JSON is at --json (no model pass); "
+                        "several dumps (A,B: runs with other seeds) are pooled")
+    p.add_argument("--rescore", default=None, metavar="DUMP",
+                   help="score the shipped setting again on a --dump of a run whose JSON is at --json (no model "
+                        "pass): the `nexus` rows of measurements taken before the setting changed")
 
 
 def _jsonl(path: str) -> list[dict]:
@@ -158,7 +162,7 @@ def measure(engine, req, k: int, fit_all: int, blocks=None, k_sure: int = 0) -> 
         blocks.compile(ids[:head], [ids[a:b] for a, b in spans])
     t0 = time.perf_counter()
     d = engine.decide(req, arguments=lambda tool, live, at, logits: (None, "not decoded", "")).decision
-    return {"p_call": d.p_call, "lps": d.name_logprobs, "cands": d.candidates, "scores": d.scores,
+    return {"p_call": d.p_call, "values": d.values, "lps": d.name_logprobs, "cands": d.candidates, "scores": d.scores,
             "top1": d.top1, "margin": d.margin, "prompt_tokens": d.prompt_tokens, "decide_ms": d.decide_ms,
             "prefill_ms": d.prefill_ms, "spliced": d.spliced, "ms": (time.perf_counter() - t0) * 1e3}
 
@@ -190,14 +194,21 @@ def score(rows: list[dict]) -> dict:
 def refit(args: argparse.Namespace) -> dict:
     """`--refit DUMP`: the calibration again from a run's measurements, without the model. The run's JSON (at
     --json) gives the router's metrics and the models' fingerprints; its `nexus` rows and profiles are rewritten
-    and each profile is saved in the Nexus home."""
+    and each profile is saved in the Nexus home. Several dumps (`A,B`) are pooled: the `nexus` rows then cover every
+    pooled item (cross-fitted halves), and `--rescore` scores one run by a profile fitted on the others."""
     from nexus_agent.turn.profile import save_decide_profile
 
     if not getattr(args, "json_out", None) or not Path(args.json_out).is_file():
         raise SystemExit("nexus eval decide --refit DUMP needs --json OUT: the JSON the measured run wrote")
     out = json.loads(Path(args.json_out).read_text())
-    for name, sizes in json.loads(Path(args.refit).read_text()).items():
-        per_size = {int(s): {"meas": {v: [tuple(p) for p in pairs] for v, pairs in vs.items()},
+    dumps: dict = {}
+    for path in args.refit.split(","):  # several runs (seeds): their measurements pooled
+        for name, sizes in json.loads(Path(path).read_text()).items():
+            for size, vs in sizes.items():
+                for v, pairs in vs.items():
+                    dumps.setdefault(name, {}).setdefault(size, {}).setdefault(v, []).extend(pairs)
+    for name, sizes in dumps.items():
+        per_size = {int(s): {"meas": {v: [(it, with_values(it, m)) for it, m in pairs] for v, pairs in vs.items()},
                              "res": out["sizes"][s][name]} for s, vs in sizes.items()}
         profile = _calibrate(args, per_size, out, name, out["profiles"][name].get("k_sure", 0))
         save_decide_profile(out["models"][name]["fingerprint"], profile)
@@ -209,9 +220,36 @@ def refit(args: argparse.Namespace) -> dict:
     return out
 
 
+def rescore(args: argparse.Namespace) -> dict:
+    """`--rescore DUMP`: each model's `nexus` rows again, by the setting it ships now (or the one calibrated in
+    the Nexus home), from a run's measurements; the run's JSON (at --json) is rewritten. The times to the
+    complete call were taken with the earlier setting and are left out."""
+    from nexus_agent.turn.profile import load_decide_profile
+
+    if not getattr(args, "json_out", None) or not Path(args.json_out).is_file():
+        raise SystemExit("nexus eval decide --rescore DUMP needs --json OUT: the JSON the measured run wrote")
+    out = json.loads(Path(args.json_out).read_text())
+    for name, sizes in json.loads(Path(args.rescore).read_text()).items():
+        model = out["models"][name]
+        profile = load_decide_profile(model["fingerprint"], model["template_tools"])
+        out["profiles"][name] = dict(vars(profile))
+        out.setdefault("rescored", {})[name] = profile.source
+        for s, vs in sizes.items():
+            res = out["sizes"][s][name]
+            key = "all" if int(s) <= profile.fit_all and "all" in vs else variant(profile.k, profile.k_sure)
+            if profile.mode == "router" or key not in vs:
+                res["nexus"] = dict(res["router"], source="router")
+            else:
+                res["nexus"] = score([_row(it, with_values(it, m), profile) for it, m in vs[key]])
+    print(table(out))
+    return out
+
+
 def run(args: argparse.Namespace) -> dict:
     if args.refit:
         return refit(args)
+    if args.rescore:
+        return rescore(args)
     for f in (args.tools, args.queries, args.irrelevant, args.chat):
         if f and not Path(f).is_file():
             raise SystemExit(f"nexus eval decide: {f}: no such file")
@@ -271,7 +309,7 @@ def run(args: argparse.Namespace) -> dict:
                 print(f"[decide] {name} N={size} item {j + 1}/{len(scored)}", flush=True)
             res = {"router": score(rows["router"])}
             neutral = replace(shipped, mode="model", bias=0.0, w_model=1.0, w_top1=0.0, w_margin=0.0,
-                              name_weight=0.0)
+                              w_values=0.0, name_weight=0.0)
             for vname, pairs in meas.items():
                 res[vname] = score([_row(it, m, neutral) for it, m in pairs])
                 text = meas.get(vname.removesuffix("-splice"))

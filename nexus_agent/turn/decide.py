@@ -6,7 +6,9 @@ One pass over one live context, in the call format of the model's own template (
    tools, an earlier turn) is reused by the live context.
 2. Call or text: the model's probability of starting a call (`p_call`: the opener's first token, or a bare
    `{` / a code fence, which small models write instead) is combined with the router's evidence by the
-   per-model logistic setting (`profile.DecideProfile.call_score`). `tool_choice` overrides it.
+   per-model logistic setting (`profile.DecideProfile.call_score`), with how many values the request names
+   (`request_values`: a call takes values from the request; "Bonjour, comment ça va ?" names none, "the weather
+   in Paris on 2024-05-01" two). `tool_choice` overrides it.
 3. A call: the opener is fed, then the name: each candidate's name is scored by the model (its log-probability,
    teacher-forced) plus the router's score times the profile's `name_weight` (the fusion is calibrated per
    model), and the best one is fed; then the arguments under that tool's schema by the caller's argument
@@ -29,6 +31,7 @@ from nexus_agent.turn.call_format import CallFormat, probe_call_format
 from nexus_agent.turn.profile import DecideProfile
 
 MAX_PARALLEL = 4
+VALUES_CAP = 3  # a request's value words counted for the call-or-text decision, at most
 
 
 @dataclass
@@ -59,7 +62,8 @@ class Choice:
 @dataclass
 class Decision:
     """kind: "call" | "text"; how: "model" | "router" | "tool_choice"; p_call: the model's probability of
-    starting a call (None when it was not asked); score: the combined log-odds; calls: in order; candidates:
+    starting a call (None when it was not asked); score: the combined log-odds; values: the request's value words
+    counted for it (`request_values`); calls: in order; candidates:
     the names shown, `scores` the router's for them, `top1`/`margin` its evidence; prompt_tokens; spliced:
     candidate blocks spliced; splice_fallback: why a block went in as text (the backend refused it); prefill_ms:
     the prompt into the context; decide_ms: prompt to decision (call or
@@ -71,6 +75,7 @@ class Decision:
     calls: list[Choice] = field(default_factory=list)
     p_call: float | None = None
     score: float | None = None
+    values: int = 0
     candidates: list[str] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     top1: float = 0.0
@@ -86,7 +91,8 @@ class Decision:
     def as_dict(self) -> dict:
         return {"kind": self.kind, "how": self.how, "calls": [c.name for c in self.calls],
                 "p_call": None if self.p_call is None else round(self.p_call, 4),
-                "score": None if self.score is None else round(self.score, 3), "candidates": self.candidates,
+                "score": None if self.score is None else round(self.score, 3), "values": self.values,
+                "candidates": self.candidates,
                 "prompt_tokens": self.prompt_tokens, "spliced": self.spliced, "splice_fallback": self.splice_fallback,
                 "prefill_ms": round(self.prefill_ms, 1), "decide_ms": round(self.decide_ms, 1),
                 "call_ms": round(self.call_ms, 1)}
@@ -178,12 +184,13 @@ class Decider:
                arguments: Callable, tool_choice: str | None = "auto", parallel: bool = False,
                spans: list[tuple[int, int]] = (), request: str = "", made: set[str] = frozenset()) -> tuple:
         """Decide on `live` after the prompt `ids` (`self.prompt(messages, candidates)`, with the candidates'
-        `spans` spliced from their blocks when the decider has `blocks`; `request`: the user's words, which
-        parallel calls divide among themselves; `made`: the turn's calls so far as `call_key`s): (Decision, the
-        ids the context holds, the logits after them). For a text decision the logits are the prompt's, ready
-        for the answer (with `text_mask` first among its processors). A call that repeats one in `made` is not
-        made again (Qwen2.5-Coder-0.5B, shown a git log's result, calls the same git log again, p_call 0.99, on
-        every further turn); when the first call would, the decision is text."""
+        `spans` spliced from their blocks when the decider has `blocks`; `request`: the user's words, whose
+        values weigh for a call (`request_values`) and which parallel calls divide among themselves; `made`: the
+        turn's calls so far as `call_key`s): (Decision, the ids the context holds, the logits after them). For a
+        text decision the logits are the prompt's, ready for the answer (with `text_mask` first among its
+        processors). A call that repeats one in `made` is not made again (Qwen2.5-Coder-0.5B, shown a git log's
+        result, calls the same git log again, p_call 0.99, on every further turn); when the first call would,
+        the decision is text."""
         t0 = time.perf_counter()
         prompt = ids
         if self.blocks is not None and spans and live.manager is None:
@@ -201,8 +208,8 @@ class Decider:
         elif tool_choice == "required" or named:
             d.kind, d.how = "call", "tool_choice"
         else:
-            d.p_call = self.p_call(logits)
-            d.score = self.profile.call_score(d.p_call, top1, margin)
+            d.p_call, d.values = self.p_call(logits), request_values(request)
+            d.score = self.profile.call_score(d.p_call, top1, margin, d.values)
             d.kind = "call" if d.score > 0 else "text"
         if d.kind == "text":
             d.decide_ms = (time.perf_counter() - t0) * 1e3
@@ -331,23 +338,29 @@ def _taken(earlier: list[Choice]) -> set[str]:
     return _words(v for c in earlier for v in _leaves(c.arguments or {}))
 
 
-_QUOTED = re.compile(r"[\"'“‘`]([^\"'”’`\n]+)[\"'”’`]")
+_QUOTED = re.compile(r"[\"“`「『《]([^\"”`」』》\n]+)[\"”`」』》]"  # an apostrophe is no quote (that's, I'm)
+                     r"|(?<!\w)['‘]([^'’\n]+)['’]")
 _INNER = re.compile(r"\w[/@:_.\\]\w")
 
 
 def _value_words(request: str) -> set[str]:
     """The request's words that look like values a call takes: quoted, or in a word with a digit, with a path's or
     an address's inner punctuation (/ @ : _ .), or capitalised away from a sentence's start ("Paris", not "Find";
-    not "I")."""
-    out = {w for m in _QUOTED.finditer(request) for w in _words([m.group(1)])}
+    not "I" or "I'm")."""
+    out = {w for m in _QUOTED.finditer(request) for w in _words([m.group(1) or m.group(2)])}
     prev = "."
     for chunk in request.split():
         core = chunk.strip("()[]{},;:!?\"'“”‘’`")
         if core and (any(ch.isdigit() for ch in core) or _INNER.search(core)
-                     or (core[0].isupper() and prev[-1] not in ".?!" and core != "I")):
+                     or (core[0].isupper() and prev[-1] not in ".?!" and re.split(r"['’]", core)[0] != "I")):
             out |= _words([core])
         prev = chunk
     return out
+
+
+def request_values(request: str) -> int:
+    """How many words of `request` look like values a call takes (`_value_words`), at most `VALUES_CAP`."""
+    return min(len(_value_words(request)), VALUES_CAP)
 
 
 def _values_left(request: str, earlier: list[Choice]) -> bool:
@@ -385,8 +398,14 @@ def decider_for(backend) -> Decider:
 def top_k(decision, tools: dict, profile: DecideProfile, registry_size: int) -> list[Candidate]:
     """The candidates shown to the model. When the registry fits (`fit_all`), every tool in registry order: the
     tools section is then the same on every turn and its tokens stay cached. Else the router's first `k` (`k_sure`
-    when its gate is sure), its pick first (the fused order may differ from the scan's)."""
+    when its gate is sure), its pick first (the fused order may differ from the scan's). A candidate's score is
+    its own for the last user message where `decision` has them (`retrieval.Retrieved.own`; below the lowest of
+    them for a tool only the conversation brought in)."""
     scores = {c[0]: c[1] for c in decision.candidates}
+    own = getattr(decision, "own", None)
+    if own:
+        floor = min(own.values())
+        scores = {**{n: min(floor, s) for n, s in scores.items()}, **own}
     if registry_size <= profile.fit_all:
         return [Candidate(t, scores.get(n, 0.0), i) for i, (n, t) in enumerate(tools.items())]
     names = [c[0] for c in decision.candidates]

@@ -21,16 +21,17 @@ _DEFAULTS = Path(__file__).with_name("decide_defaults.json")
 
 @dataclass
 class DecideProfile:
-    """mode: "model" (the model decides among the candidates) or "router" (the router's pick stands);
-    k: candidates shown; k_sure: candidates shown when the router's gate is sure (its path "auto": margin over
-    tau), 0 for k (1: the router's pick is the only candidate, the model decides call or text and fills the
-    arguments); fit_all: show every tool when there are at most this many (they fit the prompt);
-    call = bias + w_model * logit(p_call) + w_top1 * top-1 score + w_margin * margin > 0 decides call vs
-    text (p_call: the model's probability of starting a call); a candidate's name scores the model's
-    log-probability of it + name_weight x the router's score + rank_bias[its rank in the list shown] (small
-    models favour the first tools listed: the fitted offsets counter it); splice: the candidates' schemas
-    are spliced from KV blocks (`turn.blocks`) where the backend can; source: where the numbers come from
-    (default | calibrated: how, when); metrics: what the calibration measured."""
+    """mode: "model" (the model decides among the candidates) or "router" (the router's pick stands); k: candidates
+    shown; k_sure: candidates shown when the router's gate is sure (its path "auto": margin over tau), 0 for k (1:
+    the router's pick is the only candidate, the model decides call or text and fills the arguments); fit_all: show
+    every tool when there are at most this many (they fit the prompt); call = bias + w_model * logit(p_call) +
+    w_top1 * top-1 score + w_margin * margin + w_values * values > 0 decides call vs text (p_call: the model's
+    probability of starting a call; values: how many words of the request look like values a call takes, at most
+    `decide.VALUES_CAP`: chatter rarely names one); a candidate's name scores the model's log-probability of it +
+    name_weight x the router's score + rank_bias[its rank in the list shown] (small models favour the first tools
+    listed: the fitted offsets counter it); splice: the candidates' schemas are spliced from KV blocks
+    (`turn.blocks`) where the backend can; source: where the numbers come from (default | calibrated: how, when);
+    metrics: what the calibration measured."""
 
     mode: str = "model"
     k: int = 5
@@ -40,6 +41,7 @@ class DecideProfile:
     w_model: float = 1.0
     w_top1: float = 0.0
     w_margin: float = 0.0
+    w_values: float = 0.0
     name_weight: float = 0.0
     rank_bias: list = field(default_factory=list)
     splice: bool = True
@@ -57,10 +59,11 @@ class DecideProfile:
         """How many candidates the model sees for a router decision on `path`."""
         return self.k_sure if path == "auto" and self.k_sure else self.k
 
-    def call_score(self, p_call: float, top1: float, margin: float) -> float:
+    def call_score(self, p_call: float, top1: float, margin: float, values: int = 0) -> float:
         """> 0: call a tool; the logistic model's log-odds."""
         p = min(max(p_call, 1e-9), 1 - 1e-9)
-        return self.bias + self.w_model * math.log(p / (1 - p)) + self.w_top1 * top1 + self.w_margin * margin
+        return (self.bias + self.w_model * math.log(p / (1 - p)) + self.w_top1 * top1 + self.w_margin * margin
+                + self.w_values * values)
 
     def name_score(self, logprob: float, score: float, rank: int) -> float:
         """How a candidate's name ranks: the model's log-probability, the router's score, the order offset."""

@@ -16,7 +16,9 @@ near-tie `convert_time` drew a wrong call).
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+
+from slb.router import RouteDecision
 
 RESULT_CHARS = 200
 MAX_STEPS = 8  # steps routed apart; the tail stays in the last one
@@ -48,14 +50,24 @@ def turn_queries(messages: list[dict]) -> list[str]:
     return queries
 
 
-def retrieve(router, messages: list[dict], k: int = 5):
+@dataclass
+class Retrieved(RouteDecision):
+    """A router decision for the turn, with `own`: each candidate's score for the last user message alone. The
+    merged scores bring an earlier turn's tools in and order the candidates; a name is weighed by its own score
+    (`top_k`), or a new request after an earlier turn would have the earlier turn's tool weighed for it (the
+    conversation eval's second turn called the first turn's `avg_closing_price`)."""
+
+    own: dict[str, float] = field(default_factory=dict)
+
+
+def retrieve(router, messages: list[dict], k: int = 5) -> Retrieved:
     """The router's decision for the last user message with the candidates of the conversation-aware
     queries merged in (best score per tool, best first). When the message has steps, the path is "rerank" where
     a step picks another tool than the whole message, and the pick of each step the gate is sure of is among the
     first `k` candidates (the weakest that is no such pick makes room)."""
     queries = turn_queries(messages) or [""]
     first = router.route(queries[0])
-    decision = first
+    decision = Retrieved(**vars(first), own={c[0]: c[1] for c in first.candidates})
     if len(queries) > 1:
         best = {c[0]: c for c in first.candidates}
         for q in queries[1:]:
@@ -63,14 +75,15 @@ def retrieve(router, messages: list[dict], k: int = 5):
                 if c[0] not in best or c[1] > best[c[0]][1]:
                     best[c[0]] = c
         merged = sorted(best.values(), key=lambda c: -c[1])[: max(len(first.candidates), 1)]
-        decision = replace(first, candidates=merged)
+        decision = replace(decision, candidates=merged)
     steps = split_steps(queries[0], MAX_STEPS)
     if len(steps) > 1:
         parts = [router.route(s) for s in steps]
         if first.path == "auto" and any(p.tool not in (None, first.tool) for p in parts):
             decision = replace(decision, path="rerank")
-        decision = replace(decision, candidates=make_room(
-            decision.candidates, [p.candidates[0] for p in parts if p.path == "auto"], decision.tool, k))
+        picks = [p.candidates[0] for p in parts if p.path == "auto"]
+        own = {**decision.own, **{c[0]: max(c[1], decision.own.get(c[0], c[1])) for c in picks}}  # its step's
+        decision = replace(decision, candidates=make_room(decision.candidates, picks, decision.tool, k), own=own)
     return decision
 
 

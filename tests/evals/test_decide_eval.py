@@ -36,6 +36,9 @@ def test_tiny_run_writes_the_json_the_issue_names(routing_data, tmp_path, capsys
     assert r["profiles"]["smollm2"]["mode"] == "router"
     measured = json.loads(dump.read_text())["smollm2"]["10"]["top3"]
     assert len(measured) == 5 and all(0.0 <= m["p_call"] <= 1.0 for _, m in measured)
+    from nexus_agent.turn.decide import request_values
+
+    assert all(m["values"] == request_values(it["messages"][-1]["content"]) for it, m in measured)
     sure = json.loads(dump.read_text())["smollm2"]["10"]["top3-sure1"]  # the gate sure: the router's pick alone
     assert len(sure) == 5 and all(s == m or (len(s["cands"]) == 1 and s["cands"] == m["cands"][:1])
                                   for (_, s), (_, m) in zip(sure, measured))
@@ -63,6 +66,28 @@ def test_fit_separates_calls_from_text_and_counters_the_first_listed_bias():
     assert prof.mode == "model" and prof.rank_bias[1] > 0.5
     assert all(apply(prof, m) == it["gold"] for it, m in rows)
     assert fit(rows, router_acc=1.01, max_lost=0.0, k=2, fit_all=10).mode == "router"  # below the router: router
+
+
+def test_fit_weighs_the_values_a_request_names():
+    """Relevant requests and chatter the model and the router cannot tell apart (the same p_call, top-1 and
+    margin; the 0.5B Qwen calls a tool for "Bonjour" with p 0.95): the requests name values, the chatter none, so
+    the fitted weight on values must be what separates them. Measurements recorded without the count (older
+    dumps) get it from the item's last user message."""
+    requests = ["Book a table for 4 at Nopa on 2024-05-01", "Convert 12 USD to EUR", "Weather in Paris today?",
+                "Email bob@example.org the 'Q3 plan'", "Restart the server at 10.0.0.7"]
+    chatter = ["Bonjour, comment ça va ?", "thanks, that's all", "Tell me a joke about programmers.",
+               "what do you think makes a good code review comment?", "good night!"]
+    rows = []
+    for i, text in enumerate(requests * 2):
+        it, m = _measured("relevant", 0.9, {"a": -0.1, "b": -3.0}, "a")
+        rows.append(({**it, "key": f"r{i}", "messages": [{"role": "user", "content": text}]}, m))
+    for i, text in enumerate(chatter * 2):
+        it, m = _measured("chat", 0.9, {"a": -0.1, "b": -3.0})
+        rows.append(({**it, "key": f"c{i}", "messages": [{"role": "user", "content": text}]}, m))
+    prof = fit(rows, router_acc=0.0, max_lost=0.0, k=2, fit_all=10)
+    assert prof.w_values > 0 and [m["values"] for _, m in rows[:5]] == [3, 3, 1, 3, 3]
+    assert all(m["values"] == 0 for _, m in rows[10:])
+    assert all(apply(prof, m) == it["gold"] for it, m in rows)
 
 
 def test_items_are_a_seeded_sample_of_each_kind(routing_data):
@@ -99,3 +124,31 @@ def test_an_item_that_failed_is_neither_a_call_nor_a_text_answer():
     m = score([_row(it, None, None) for it in items])
     assert m["failed"] == 3 and m["decision_acc"] == 0.0 and m["tool_acc"] == 0.0
     assert m["irrelevant_no_call"] == 0.0 and m["chat_no_call"] == 0.0 and m["relevant_no_call"] == 0.0
+
+
+def test_rescore_scores_a_runs_measurements_by_the_setting_shipped_now(nexus_home, tmp_path):
+    """A run's `nexus` rows were scored by the setting of its day; `--rescore` scores its dump by today's (here a
+    calibrated setting in the Nexus home that calls only for requests naming values) without a model pass."""
+    from evals.decide import rescore
+    from nexus_agent.turn.profile import save_decide_profile
+
+    fp = "a" * 32
+    save_decide_profile(fp, DecideProfile(k=2, k_sure=0, bias=-0.5, w_model=0.0, w_values=1.0, source="test"))
+    pairs = []
+    for i, text in enumerate(["Convert 12 USD to EUR", "Weather in Paris?", "Bonjour !", "thanks, that's all"]):
+        it, m = _measured("relevant" if i < 2 else "chat", 0.9, {"a": -0.1, "b": -3.0}, "a" if i < 2 else None)
+        pairs.append(({**it, "messages": [{"role": "user", "content": text}]},
+                      {**m, "decide_ms": 1.0, "prefill_ms": 1.0, "prompt_tokens": 10}))
+    router = {"decision_acc": 0.5}
+    out = tmp_path / "decide.json"
+    out.write_text(json.dumps({"models": {"m": {"fingerprint": fp, "template_tools": True}}, "profiles": {"m": {}},
+                               "items": {}, "sizes": {"250": {"m": {"router": router, "nexus": router}}}}))
+    dump = tmp_path / "dump.json"
+    dump.write_text(json.dumps({"m": {"250": {"top2": pairs}}}))
+
+    class A:
+        json_out, rescore = str(out), str(dump)
+
+    r = rescore(A)
+    assert r["sizes"]["250"]["m"]["nexus"]["decision_acc"] == 1.0 and r["rescored"] == {"m": "test"}
+    assert r["profiles"]["m"]["w_values"] == 1.0 and r["sizes"]["250"]["m"]["router"] == router

@@ -244,6 +244,19 @@ def test_a_further_call_is_tried_only_while_a_value_of_the_request_is_left():
                                                                                        {"city": "London"})])
 
 
+def test_a_request_counts_the_values_it_names_up_to_a_cap():
+    from nexus_agent.turn.decide import VALUES_CAP, request_values
+
+    assert request_values("Bonjour, comment ça va ?") == 0 and request_values("Tell me a joke.") == 0
+    assert request_values("What time is it in Tokyo?") == 1
+    assert request_values("Fly from Paris to Rome on 2024-05-01 for 2 adults") == VALUES_CAP == 3
+    from nexus_agent.turn.profile import DecideProfile
+
+    p = DecideProfile(bias=-1.0, w_model=0.0, w_values=0.6)
+    assert p.call_score(0.5, 0.3, 0.1, 0) < 0 < p.call_score(0.5, 0.3, 0.1, 2)
+    assert DecideProfile().call_score(0.9, 0.3, 0.1, 3) == DecideProfile().call_score(0.9, 0.3, 0.1)
+
+
 @pytest.mark.parametrize("name", ["llamacpp"])
 def test_a_call_that_takes_every_value_is_the_only_one_decoded(qwen_backends, router, name):
     backend = qwen_backends(name)

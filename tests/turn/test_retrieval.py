@@ -53,6 +53,22 @@ def test_a_follow_up_is_retrieved_with_the_earlier_turn(router):
     assert joint.score == alone.score and joint.margin == alone.margin  # the gate's evidence: the last message
 
 
+def test_a_name_is_weighed_by_its_score_for_the_last_message(router):
+    """The earlier turn brings its tool in and ranks it, but a name's evidence is the last message's own score:
+    a new request after an earlier turn must not have the earlier turn's tool weighed for it."""
+    from nexus_agent.turn.decide import top_k
+    from nexus_agent.turn.profile import DecideProfile
+
+    new_topic = FOLLOW_UP[:2] + [{"role": "user", "content": "Send an email to bob@example.org saying hi."}]
+    joint, alone = retrieve(router, new_topic), router.route(new_topic[-1]["content"])
+    own = {c[0]: c[1] for c in alone.candidates}
+    assert joint.own == own and any(c[1] > own[c[0]] for c in joint.candidates)  # merged: weather scores higher
+    by_name = {t.name: t for t in TOOLS}
+    for profile in (DecideProfile(k=3), DecideProfile(fit_all=10)):  # the top k, and every tool shown
+        shown = top_k(joint, by_name, profile, len(TOOLS))
+        assert {c.name: c.score for c in shown} == {c.name: own[c.name] for c in shown}
+
+
 def test_make_room_shows_each_pick_in_the_first_k():
     cands = [(n, 1.0 - i / 10) for i, n in enumerate("abcdef")]
     assert make_room(cands, [("b", 0.5)], "a", 3) == cands  # shown already: stays where it is

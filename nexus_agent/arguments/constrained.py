@@ -239,6 +239,14 @@ class GrammarMask:
     def finished(self, tokens: list[int]) -> bool:
         return self._consume(tokens) and self.matcher.is_stopped()
 
+    def ahead(self, tokens: list[int]) -> list[int]:
+        """The tokens the grammar forces after `tokens` (a property name once its first tokens tell it apart, the
+        `":` after it): `generate_step` feeds them in one forward pass instead of one decode each, and still
+        samples each from its own logits, so the text is the one decoded token by token."""
+        if not self._consume(tokens) or self.matcher.is_stopped():
+            return []
+        return list(self.matcher.compute_ff_tokens())
+
     def close(self, tokens: list[int]) -> None:
         self._consume(tokens)
 

@@ -111,3 +111,40 @@ def test_grammar_enforces_tells_whether_a_valid_document_can_fail_the_schema():
 
     assert grammar_enforces(SCHEMAS[2])
     assert not grammar_enforces({"type": "object", "properties": {"ids": {"type": "array", "uniqueItems": True}}})
+
+
+def test_tokens_the_grammar_forces_are_fed_in_one_pass_with_the_same_text(llamacpp_backend, monkeypatch):
+    """Required properties with long names: after `{` the grammar forces `"destination_city_name":` and the rest;
+    those tokens go in with one forward pass (`GrammarMask.ahead`) and the document is the one decoded token by
+    token."""
+    from nexus_agent.arguments import constrained
+
+    schema = {"type": "object", "required": ["destination_city_name", "number_of_travelling_adults"],
+              "properties": {"destination_city_name": {"type": "string"},
+                             "number_of_travelling_adults": {"type": "integer"}}, "additionalProperties": False}
+    tok = llamacpp_backend.tokenizer
+    prompt = tok.encode_chat([{"role": "user", "content": "Book a trip to Lisbon for 2 adults. Arguments as JSON:"}])
+
+    def run() -> tuple[str, int]:
+        s = llamacpp_backend.new_session(1024)
+        decodes = 0
+        single = s.decode
+
+        def counted(token):
+            nonlocal decodes
+            decodes += 1
+            return single(token)
+
+        s.decode = counted
+        try:
+            r = generate_json(s, prompt, schema, tok, max_tokens=60)
+        finally:
+            s.close()
+        assert r.complete, r
+        return r.text, decodes
+
+    fed_text, fed_decodes = run()
+    monkeypatch.delattr(constrained.GrammarMask, "ahead")
+    text, decodes = run()
+    assert fed_text == text and json.loads(text)["destination_city_name"]
+    assert fed_decodes + 8 <= decodes, (fed_decodes, decodes)  # the two names and their quotes, at least

@@ -6,9 +6,9 @@ One pass over one live context, in the call format of the model's own template (
    tools, an earlier turn) is reused by the live context.
 2. Call or text: the model's probability of starting a call (`p_call`: the opener's first token, or a bare
    `{` / a code fence, which small models write instead) is combined with the router's evidence by the
-   per-model logistic setting (`profile.DecideProfile.call_score`), with how many values the request names
+   per-model logistic setting (`profile.DecideProfile.call_score`), with whether the request names a value
    (`request_values`: a call takes values from the request; "Bonjour, comment ça va ?" names none, "the weather
-   in Paris on 2024-05-01" two). `tool_choice` overrides it.
+   in Paris" one). `tool_choice` overrides it.
 3. A call: the opener is fed, then the name: each candidate's name is scored by the model (its log-probability,
    teacher-forced) plus the router's score times the profile's `name_weight` (the fusion is calibrated per
    model), and the best one is fed; then the arguments under that tool's schema by the caller's argument
@@ -31,7 +31,9 @@ from nexus_agent.turn.call_format import CallFormat, probe_call_format
 from nexus_agent.turn.profile import DecideProfile
 
 MAX_PARALLEL = 4
-VALUES_CAP = 3  # a request's value words counted for the call-or-text decision, at most
+VALUES_CAP = 1  # a request's value words counted for the call-or-text decision, at most: whether it names one (a
+# count up to 3 scored better on the public data, whose requests name many values, and answered "What time is it
+# in Paris?" in text: a short request names one)
 
 
 @dataclass

@@ -26,8 +26,8 @@ class DecideProfile:
     the router's pick is the only candidate, the model decides call or text and fills the arguments); fit_all: show
     every tool when there are at most this many (they fit the prompt); call = bias + w_model * logit(p_call) +
     w_top1 * top-1 score + w_margin * margin + w_values * values > 0 decides call vs text (p_call: the model's
-    probability of starting a call; values: how many words of the request look like values a call takes, at most
-    `decide.VALUES_CAP`: chatter rarely names one); a candidate's name scores the model's log-probability of it +
+    probability of starting a call; values: whether the request names a value a call takes, `decide.request_values`:
+    chatter rarely names one); a candidate's name scores the model's log-probability of it +
     name_weight x the router's score + rank_bias[its rank in the list shown] (small models favour the first tools
     listed: the fitted offsets counter it); splice: the candidates' schemas are spliced from KV blocks
     (`turn.blocks`) where the backend can; source: where the numbers come from (default | calibrated: how, when);

@@ -85,7 +85,7 @@ def test_fit_weighs_the_values_a_request_names():
         it, m = _measured("chat", 0.9, {"a": -0.1, "b": -3.0})
         rows.append(({**it, "key": f"c{i}", "messages": [{"role": "user", "content": text}]}, m))
     prof = fit(rows, router_acc=0.0, max_lost=0.0, k=2, fit_all=10)
-    assert prof.w_values > 0 and [m["values"] for _, m in rows[:5]] == [3, 3, 1, 3, 3]
+    assert prof.w_values > 0 and [m["values"] for _, m in rows[:5]] == [1, 1, 1, 1, 1]
     assert all(m["values"] == 0 for _, m in rows[10:])
     assert all(apply(prof, m) == it["gold"] for it, m in rows)
 

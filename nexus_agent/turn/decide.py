@@ -63,14 +63,12 @@ class Choice:
 
 @dataclass
 class Decision:
-    """kind: "call" | "text"; how: "model" | "router" | "tool_choice"; p_call: the model's probability of
-    starting a call (None when it was not asked); score: the combined log-odds; values: the request's value words
-    counted for it (`request_values`); calls: in order; candidates:
-    the names shown, `scores` the router's for them, `top1`/`margin` its evidence; prompt_tokens; spliced:
-    candidate blocks spliced; splice_fallback: why a block went in as text (the backend refused it); prefill_ms:
-    the prompt into the context; decide_ms: prompt to decision (call or
-    text, and the first name);
-    call_ms: to the complete calls (arguments included)."""
+    """kind: "call" | "text"; how: "model" | "router" | "tool_choice"; p_call: the model's probability of starting a
+    call (None when it was not asked); score: the combined log-odds; values: whether the request names a value
+    (`request_values`); calls: in order; candidates: the names shown, `scores` the router's for them,
+    `top1`/`margin` its evidence; prompt_tokens; spliced: candidate blocks spliced; splice_fallback: why a block
+    went in as text (the backend refused it); prefill_ms: the prompt into the context; decide_ms: prompt to decision
+    (call or text, and the first name); call_ms: to the complete calls (arguments included)."""
 
     kind: str
     how: str
@@ -361,7 +359,8 @@ def _value_words(request: str) -> set[str]:
 
 
 def request_values(request: str) -> int:
-    """How many words of `request` look like values a call takes (`_value_words`), at most `VALUES_CAP`."""
+    """How many words of `request` look like values a call takes (`_value_words`), at most `VALUES_CAP` (1:
+    whether it names one)."""
     return min(len(_value_words(request)), VALUES_CAP)
 
 

@@ -283,6 +283,35 @@ class LlamaCppSession(KVSession):
     def forward_logits(self, tokens) -> np.ndarray:
         return self._decode(as_token_list(tokens), all_logits=True)
 
+    def probe(self, prefix: int, tokens) -> np.ndarray:
+        """The logits after the live sequence's first `prefix` positions followed by `tokens`, computed on the
+        scratch sequence (its cells share the prefix's): the live sequence, `n_past` and `tokens` stay as they
+        are."""
+        tokens = as_token_list(tokens)
+        if self._ctx is None:
+            raise BackendError("session is closed")
+        if not tokens or prefix > self.n_past or self.n_past + len(tokens) > self.n_ctx:
+            raise BackendError(f"no room to probe {len(tokens)} tokens after {prefix} (n_past {self.n_past})")
+        if self._shift_pending:
+            self._apply_shift()
+        C.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
+        C.llama_memory_seq_cp(self._mem, LIVE, SCRATCH, 0, prefix)
+        b = self._batch
+        try:
+            for s in range(0, len(tokens), self.n_batch):
+                chunk = tokens[s : s + self.n_batch]
+                b.n_tokens = len(chunk)
+                for i, t in enumerate(chunk):
+                    b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, prefix + s + i, 1, SCRATCH
+                    b.logits[i] = s + i == len(tokens) - 1
+                rc = C.llama_decode(self._ctx, b)
+                if rc != 0:
+                    raise BackendError(f"llama_decode failed with code {rc} probing at position {prefix + s}")
+            ptr = C.llama_get_logits_ith(self._ctx, -1)
+            return np.ctypeslib.as_array(ptr, shape=(self.backend.n_vocab,)).copy()
+        finally:
+            C.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
+
     # -- KV ranges -------------------------------------------------------------------------------------------
     def export_kv(self, start: int, end: int) -> KVRange:
         """Serialize positions [start, end) of the live sequence (an opaque llama.cpp state blob)."""

@@ -182,7 +182,8 @@ class Decider:
     # -- one decision -------------------------------------------------------------------------------------
     def decide(self, live, ids: list[int], candidates: list[Candidate], top1: float, margin: float,
                arguments: Callable, tool_choice: str | None = "auto", parallel: bool = False,
-               spans: list[tuple[int, int]] = (), request: str = "", made: set[str] = frozenset()) -> tuple:
+               spans: list[tuple[int, int]] = (), request: str = "", made: set[str] = frozenset(),
+               alt_ids: list[int] | None = None) -> tuple:
         """Decide on `live` after the prompt `ids` (`self.prompt(messages, candidates)`, with the candidates'
         `spans` spliced from their blocks when the decider has `blocks`; `request`: the user's words, whose
         values weigh for a call (`request_values`) and which parallel calls divide among themselves; `made`: the
@@ -190,7 +191,9 @@ class Decider:
         text decision the logits are the prompt's, ready for the answer (with `text_mask` first among its
         processors). A call that repeats one in `made` is not made again (Qwen2.5-Coder-0.5B, shown a git log's
         result, calls the same git log again, p_call 0.99, on every further turn); when the first call would,
-        the decision is text."""
+        the decision is text. `alt_ids`: the prompt without the assistant's earlier text answers
+        (`engine.without_prose`); where the backend can read it beside the live prompt (`_p_call_beside`), p_call is
+        the larger of the two."""
         t0 = time.perf_counter()
         prompt = ids
         if self.blocks is not None and spans and live.manager is None:
@@ -209,6 +212,8 @@ class Decider:
             d.kind, d.how = "call", "tool_choice"
         else:
             d.p_call, d.values = self.p_call(logits), request_values(request)
+            if alt_ids is not None:
+                d.p_call = max(d.p_call, self._p_call_beside(live, ids, alt_ids))
             d.score = self.profile.call_score(d.p_call, top1, margin, d.values)
             d.kind = "call" if d.score > 0 else "text"
         if d.kind == "text":
@@ -245,6 +250,20 @@ class Decider:
             ids = ids + self.tok.encode(self.fmt.separator, special=True)
         d.call_ms = (time.perf_counter() - t0) * 1e3
         return d, done, None
+
+    def _p_call_beside(self, live, ids: list[int], alt: list[int]) -> float:
+        """p_call after `alt`, read on the backend's scratch sequence from the prefix it shares with `ids` (which
+        `live` holds): 0 where the backend cannot (no `probe`, an evicting context, no room)."""
+        from native.base import BackendError
+
+        n = next((i for i, (a, b) in enumerate(zip(ids, alt)) if a != b), min(len(ids), len(alt)))
+        probe = getattr(live.session, "probe", None)
+        if probe is None or live.manager is not None or n >= len(alt) or live.ids[:n] != ids[:n]:
+            return 0.0
+        try:
+            return self.p_call(probe(n, alt[n:]))
+        except BackendError:
+            return 0.0
 
     def _after_arguments(self, live, ids: list[int], text: str) -> list[int]:
         """`ids` and the arguments `text`: the tokens the context holds after `ids` where they spell the start of

@@ -46,6 +46,19 @@ def last_user(messages: list[dict]) -> str:
     return next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
 
 
+def without_prose(messages: list[dict]) -> list[dict]:
+    """`messages` without the assistant's text answers before the last user message (calls and results kept), or
+    `messages` itself when it has none. After a text answer in its history the 0.5B Qwen answers every later
+    request in text (p(call) 0.003 for "What time is it in Paris now?", 0.97 when the history ends at a tool
+    result), and its call-or-text rule was fitted on requests without history: p(call) is also read there."""
+    start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+    prose = [i for i, m in enumerate(messages[:start]) if m["role"] == "assistant" and not m.get("tool_calls")
+             and (m.get("content") or "").strip()]
+    if not prose:
+        return messages
+    return [m for i, m in enumerate(messages) if i not in set(prose)]
+
+
 def calls_made(messages: list[dict]) -> set[str]:
     """The `call_key`s of the calls the assistant made since the last user message (the current turn's)."""
     start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
@@ -92,6 +105,9 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
     if len(ids) + 64 > n_ctx:
         raise PromptTooLong(f"this model's context holds {n_ctx} tokens; the messages and the {len(cands)} tools "
                             f"shown take {len(ids)}")
+    alt = without_prose(messages)
+    alt_ids = decider.prompt(template_messages(alt) if decider.fmt.template_tools else render_messages(alt),
+                             cands)[0] if alt is not messages else None
     results = tool_results(messages)
     step = last_user(messages)
     made = calls_made(messages)
@@ -124,7 +140,7 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
 
     live = context(ids)
     decision, held, logits = decider.decide(live, ids, cands, d.score, d.margin, arguments or in_place,
-                                            tool_choice, parallel, spans, step, made)
+                                            tool_choice, parallel, spans, step, made, alt_ids)
     if decision.kind == "call":
         live.ids = held[: live.session.n_past]
         if shown and shown[0] and decision.calls:

@@ -94,3 +94,29 @@ def test_tokens_planned_ahead_are_fed_in_one_pass_with_the_same_result(backend, 
     diff = float(np.max(np.abs(logits - logits_fed)))
     assert diff < 2.0  # measured: 0.49 on llama.cpp (Q4 GEMM vs GEMV), 3e-5 on MLX; the logits of another
     # position differ by tens
+
+
+def test_a_probe_reads_another_continuation_and_leaves_the_live_sequence_as_it_was(backend):
+    """`Session.probe(prefix, tokens)` (llama.cpp): the logits after the live prefix and other tokens, computed on
+    the scratch sequence; they match a prefill of the same tokens, and the live sequence decodes on unchanged."""
+    from logits import kl
+
+    ids = backend.tokenizer.encode("The capital of France is Paris. The capital of Italy is")
+    head, tail = ids[:6], ids[6:]
+    other = list(reversed(tail))  # any other continuation of the same head
+    live, ref = backend.new_session(256), backend.new_session(256)
+    if not hasattr(live, "probe"):
+        live.close(), ref.close()
+        pytest.skip("this backend has no scratch-sequence probe")
+    try:
+        live.prefill(head + tail[:-1])
+        n = live.n_past
+        probed = live.probe(len(head), other)
+        assert live.n_past == n
+        assert kl(ref.prefill(head + other), probed) < 1e-3
+        ref.remove(0, ref.n_past)
+        expect = ref.prefill(head + tail)
+        assert kl(expect, live.decode(tail[-1])) < 1e-3
+    finally:
+        live.close()
+        ref.close()

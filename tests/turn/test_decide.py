@@ -366,3 +366,36 @@ def test_the_text_after_the_tools_is_one_block_under_every_tool_list(qwen_backen
     finally:
         for c in (live, fresh, plain):
             c.close()
+
+
+def test_after_a_text_answer_a_request_is_still_read_for_a_call(qwen_backends, router):
+    """With an assistant's text answer in its history the 0.5B puts p(call) ~0 on every later request; p(call) is
+    also read on the conversation without that prose (the backend's scratch sequence, from the shared prefix), so
+    "What time is it in Paris now?" is a call; chatter after a joke stays text."""
+    from nexus_agent.turn.engine import without_prose
+
+    tokyo = [{"role": "user", "content": "What time is it in Tokyo (Asia/Tokyo)?"},
+             {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+                 "name": "get_current_time", "arguments": '{"timezone": "Asia/Tokyo"}'}}]},
+             {"role": "tool", "tool_call_id": "c1", "content": '{"datetime": "2026-12-06T16:00:00+09:00"}'},
+             {"role": "assistant", "content": "It is 16:00 in Tokyo."}]
+    paris = tokyo + [{"role": "user", "content": "What time is it in Paris (Europe/Paris) now?"}]
+    exchange = tokyo[:3] + paris[-1:]
+    assert without_prose(paris) == exchange and without_prose(exchange) is exchange
+    joke = [{"role": "user", "content": "Tell me a joke about programmers."},
+            {"role": "assistant", "content": "Why do programmers prefer dark mode? Because light attracts bugs."},
+            {"role": "user", "content": "Haha, thanks!"}]
+    backend = qwen_backends("llamacpp")
+    live = LiveContext(backend, None, 4096)
+    try:
+        decider = Decider(backend, DecideProfile(mode="model"))
+        d = decide_turn(decider, router, TOOLS, paris, lambda ids: live, 4096).decision
+        assert d.kind == "call" and d.calls[0].name == "get_current_time" and d.p_call > 0.5, d
+        from nexus_agent.openai_api import template_messages
+
+        full = decider.p_call(LiveContext(backend, None, 4096).prefill(  # the conversation as it is: ~0
+            decider.prompt(template_messages(paris), [Candidate(t, 0.0, i) for i, t in enumerate(TOOLS.values())])[0]))
+        assert full < 0.1, full
+        assert decide_turn(decider, router, TOOLS, joke, lambda ids: live, 4096).decision.kind == "text"
+    finally:
+        live.close()

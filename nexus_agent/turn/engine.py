@@ -52,11 +52,9 @@ def without_prose(messages: list[dict]) -> list[dict]:
     request in text (p(call) 0.003 for "What time is it in Paris now?", 0.97 when the history ends at a tool
     result), and its call-or-text rule was fitted on requests without history: p(call) is also read there."""
     start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
-    prose = [i for i, m in enumerate(messages[:start]) if m["role"] == "assistant" and not m.get("tool_calls")
-             and (m.get("content") or "").strip()]
-    if not prose:
-        return messages
-    return [m for i, m in enumerate(messages) if i not in set(prose)]
+    prose = {i for i, m in enumerate(messages[:start]) if m["role"] == "assistant" and not m.get("tool_calls")
+             and (m.get("content") or "").strip()}
+    return [m for i, m in enumerate(messages) if i not in prose] if prose else messages
 
 
 def calls_made(messages: list[dict]) -> set[str]:

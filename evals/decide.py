@@ -69,6 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrate-k-sure", type=int, default=None, metavar="M",
                    help="the fitted profile shows M candidates when the router's gate is sure (0: k; default: the "
                         "model's current setting)")
+    p.add_argument("--name-weight", type=float, default=None, metavar="W",
+                   help="the router's weight on candidate names, fixed instead of fitted")
     p.add_argument("--max-lost", type=float, default=0.02, help="relevant requests the fitted rule may answer in text")
     p.add_argument("--n-ctx", type=int, default=32768, help="the engine's context (the all-tools variant needs it)")
     p.add_argument("--seed", type=int, default=0)
@@ -387,13 +389,13 @@ def _calibrate(args, per_size: dict, out: dict, name: str, k_sure: int = 0):
         rows = []
         for half in (0, 1):
             train = [(it, m) for it, m in pooled if _half(it["key"]) != half]
-            prof = fit(train, router_acc, args.max_lost, k, FIT_ALL)
+            prof = fit(train, router_acc, args.max_lost, k, FIT_ALL, getattr(args, "name_weight", None))
             rows += [_row(it, m, prof) if prof.mode == "model" else None
                      for it, m in s["meas"][key] if _half(it["key"]) == half]
         if all(r is not None for r in rows):
             timed = out["sizes"][str(size)][name].get("nexus", {}).get("call_ms_p50")  # kept by a refit
             out["sizes"][str(size)][name]["nexus"] = dict(score(rows), call_ms_p50=timed)
-    return replace(fit(pooled, router_acc, args.max_lost, k, FIT_ALL), k_sure=sure)
+    return replace(fit(pooled, router_acc, args.max_lost, k, FIT_ALL, getattr(args, "name_weight", None)), k_sure=sure)
 
 
 def _router_acc(per_size: dict) -> float:

@@ -26,11 +26,12 @@ def apply(profile, m: dict) -> str | None:
     return max(ranked)[1]
 
 
-def fit(measured: list[tuple[dict, dict]], router_acc: float, max_lost: float, k: int, fit_all: int):
+def fit(measured: list[tuple[dict, dict]], router_acc: float, max_lost: float, k: int, fit_all: int,
+        name_weight: float | None = None):
     """The decide profile fitted on (item, measurement) pairs: logistic weights on (logit p_call, top-1, margin, the
     request's value words) with balanced classes, the bias moved so at most `max_lost` of relevant items answer in
     text, the name weight with the best tool accuracy, and mode "router" when the model's decisions score below
-    `router_acc`."""
+    `router_acc`. `name_weight`: the router's weight on names, fixed instead of fitted."""
     import numpy as np
 
     from nexus_agent.turn.profile import DecideProfile
@@ -43,7 +44,8 @@ def fit(measured: list[tuple[dict, dict]], router_acc: float, max_lost: float, k
     rel = np.sort(z[y == 1])
     cut = rel[int(math.floor(max_lost * len(rel)))] if len(rel) else 0.0
     bias = -(cut - 1e-6)
-    beta, ranks = _fit_names([(it, m) for it, m in ok if it["kind"] == "relevant"], k)
+    beta, ranks = _fit_names([(it, m) for it, m in ok if it["kind"] == "relevant"], k,
+                             BETAS if name_weight is None else (name_weight,))
     prof = DecideProfile(mode="model", k=k, fit_all=fit_all, bias=float(bias), w_model=float(w[1]),
                          w_top1=float(w[2]), w_margin=float(w[3]), w_values=float(w[4]), name_weight=beta,
                          rank_bias=ranks,
@@ -66,7 +68,7 @@ def with_values(it: dict, m: dict) -> dict:
     return m
 
 
-def _fit_names(rel: list, k: int, passes: int = 2) -> tuple[float, list[float]]:
+def _fit_names(rel: list, k: int, betas=BETAS, passes: int = 2) -> tuple[float, list[float]]:
     """The router weight on names and the offsets by rank with the best tool accuracy on relevant items
     (coordinate ascent over small grids; ties keep the smaller value). A value moves away from the one it has only
     when it names `MIN_GAIN` more tools right: on a few dozen requests one item is noise (an offset of +6 for the
@@ -77,9 +79,9 @@ def _fit_names(rel: list, k: int, passes: int = 2) -> tuple[float, list[float]]:
         p = DecideProfile(k=k, bias=1e6, name_weight=beta, rank_bias=ranks)
         return sum(apply(p, m) == it["gold"] for it, m in rel)
 
-    beta, ranks = 0.0, [0.0] * k
+    beta, ranks = betas[0], [0.0] * k
     for _ in range(passes):
-        best = max(BETAS, key=lambda b: (acc(b, ranks), -b))
+        best = max(betas, key=lambda b: (acc(b, ranks), -b))
         if acc(best, ranks) >= acc(beta, ranks) + MIN_GAIN:
             beta = best
         for r in range(1, k):

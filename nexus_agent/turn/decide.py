@@ -23,7 +23,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -64,7 +64,8 @@ class Choice:
 @dataclass
 class Decision:
     """kind: "call" | "text"; how: "model" | "router" | "tool_choice"; p_call: the model's probability of starting a
-    call (None when it was not asked); score: the combined log-odds; values: whether the request names a value
+    call (None when it was not asked), `reading` the prompt it was read on (0: the conversation's; k: the k-th of
+    `engine.readings`); score: the combined log-odds; values: whether the request names a value
     (`request_values`); calls: in order; candidates: the names shown, `scores` the router's for them,
     `top1`/`margin` its evidence; prompt_tokens; spliced: candidate blocks spliced; splice_fallback: why a block
     went in as text (the backend refused it); prefill_ms: the prompt into the context; decide_ms: prompt to decision
@@ -74,6 +75,7 @@ class Decision:
     how: str
     calls: list[Choice] = field(default_factory=list)
     p_call: float | None = None
+    reading: int = 0
     score: float | None = None
     values: int = 0
     candidates: list[str] = field(default_factory=list)
@@ -90,7 +92,7 @@ class Decision:
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "how": self.how, "calls": [c.name for c in self.calls],
-                "p_call": None if self.p_call is None else round(self.p_call, 4),
+                "p_call": None if self.p_call is None else round(self.p_call, 4), "reading": self.reading,
                 "score": None if self.score is None else round(self.score, 3), "values": self.values,
                 "candidates": self.candidates,
                 "prompt_tokens": self.prompt_tokens, "spliced": self.spliced, "splice_fallback": self.splice_fallback,
@@ -183,7 +185,7 @@ class Decider:
     def decide(self, live, ids: list[int], candidates: list[Candidate], top1: float, margin: float,
                arguments: Callable, tool_choice: str | None = "auto", parallel: bool = False,
                spans: list[tuple[int, int]] = (), request: str = "", made: set[str] = frozenset(),
-               alt_ids: list[int] | None = None) -> tuple:
+               beside: Callable[[], Iterable[list[int]]] | None = None) -> tuple:
         """Decide on `live` after the prompt `ids` (`self.prompt(messages, candidates)`, with the candidates'
         `spans` spliced from their blocks when the decider has `blocks`; `request`: the user's words, whose
         values weigh for a call (`request_values`) and which parallel calls divide among themselves; `made`: the
@@ -191,9 +193,10 @@ class Decider:
         text decision the logits are the prompt's, ready for the answer (with `text_mask` first among its
         processors). A call that repeats one in `made` is not made again (Qwen2.5-Coder-0.5B, shown a git log's
         result, calls the same git log again, p_call 0.99, on every further turn); when the first call would,
-        the decision is text. `alt_ids`: the prompt without the assistant's earlier text answers
-        (`engine.without_prose`); where the backend can read it beside the live prompt (`_p_call_beside`), p_call is
-        the larger of the two."""
+        the decision is text. `beside()`: prompts of the same candidates for conversations beside this one
+        (`engine.readings`: the last exchange alone, the conversation without its prose); where this prompt's
+        reading decides text and the backend can read theirs beside it (`_p_call_beside`), p_call is the largest
+        (`reading`: which one, 0 for this prompt's) and one that decides a call ends the reading."""
         t0 = time.perf_counter()
         prompt = ids
         if self.blocks is not None and spans and live.manager is None:
@@ -212,9 +215,14 @@ class Decider:
             d.kind, d.how = "call", "tool_choice"
         else:
             d.p_call, d.values = self.p_call(logits), request_values(request)
-            if alt_ids is not None:
-                d.p_call = max(d.p_call, self._p_call_beside(live, ids, alt_ids))
             d.score = self.profile.call_score(d.p_call, top1, margin, d.values)
+            for k, alt in enumerate(beside() if beside is not None and d.score <= 0 else (), 1):
+                p = self._p_call_beside(live, ids, alt)
+                if p > d.p_call:
+                    d.p_call, d.reading = p, k
+                    d.score = self.profile.call_score(d.p_call, top1, margin, d.values)
+                if d.score > 0:
+                    break
             d.kind = "call" if d.score > 0 else "text"
         if d.kind == "text":
             d.decide_ms = (time.perf_counter() - t0) * 1e3

@@ -57,6 +57,26 @@ def without_prose(messages: list[dict]) -> list[dict]:
     return [m for i, m in enumerate(messages) if i not in prose] if prose else messages
 
 
+def last_exchange(messages: list[dict]) -> list[dict]:
+    """The leading system messages and the conversation from its last user message on, or `messages` itself when
+    nothing comes between them: the single request the call-or-text rule was fitted on. Four calls and their
+    results into a conversation, the 0.5B Qwen reads p(call) 0.05 for a request it calls alone at 0.96 (a
+    Vietnamese Uber booking, `nexus eval serve`'s conversation)."""
+    head = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+    return messages[:head] + messages[start:] if start > head else messages
+
+
+def readings(messages: list[dict]) -> list[list[dict]]:
+    """The conversations beside `messages` whose p(call) is also read, cheapest first (each shares the system
+    prompt and the tools with it): the last exchange alone, then the conversation without its prose."""
+    out: list[list[dict]] = []
+    for alt in (last_exchange(messages), without_prose(messages)):
+        if alt is not messages and alt not in out:
+            out.append(alt)
+    return out
+
+
 def calls_made(messages: list[dict]) -> set[str]:
     """The `call_key`s of the calls the assistant made since the last user message (the current turn's)."""
     start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
@@ -103,9 +123,10 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
     if len(ids) + 64 > n_ctx:
         raise PromptTooLong(f"this model's context holds {n_ctx} tokens; the messages and the {len(cands)} tools "
                             f"shown take {len(ids)}")
-    alt = without_prose(messages)
-    alt_ids = decider.prompt(template_messages(alt) if decider.fmt.template_tools else render_messages(alt),
-                             cands)[0] if alt is not messages else None
+    def beside():  # the readings' prompts, built only where the conversation's own reading is text
+        for alt in readings(messages):
+            yield decider.prompt(template_messages(alt) if decider.fmt.template_tools else render_messages(alt),
+                                 cands)[0]
     results = tool_results(messages)
     step = last_user(messages)
     made = calls_made(messages)
@@ -138,7 +159,7 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
 
     live = context(ids)
     decision, held, logits = decider.decide(live, ids, cands, d.score, d.margin, arguments or in_place,
-                                            tool_choice, parallel, spans, step, made, alt_ids)
+                                            tool_choice, parallel, spans, step, made, beside)
     if decision.kind == "call":
         live.ids = held[: live.session.n_past]
         if shown and shown[0] and decision.calls:
@@ -148,5 +169,9 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
 
         ids = decider.tok.encode_chat(results_answer_messages(messages))
         live = context(ids)  # where the caller keeps several contexts, the decision's keeps the tools prompt
+        logits = live.prefill(ids)
+    elif decision.how == "model" and (decision.p_call or 0.0) >= 0.5:  # the model would call: answer without tools
+        ids = decider.tok.encode_chat(render_messages(messages))
+        live = context(ids)
         logits = live.prefill(ids)
     return Turn(decision, ids, logits, live)

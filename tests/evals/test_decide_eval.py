@@ -68,6 +68,21 @@ def test_fit_separates_calls_from_text_and_counters_the_first_listed_bias():
     assert fit(rows, router_acc=1.01, max_lost=0.0, k=2, fit_all=10).mode == "router"  # below the router: router
 
 
+def test_the_router_weight_on_names_is_fitted_unless_fixed():
+    """The router scores the gold tool higher where the model prefers another (listed in either order, so no rank
+    offset gets them all): the fit weighs the router's score; `--name-weight 0` keeps the model's preference, a rank
+    offset gets half."""
+    rows = []
+    for i in range(12):
+        it, m = _measured("relevant", 0.9, {"a": -0.4, "b": -0.9} if i % 2 else {"b": -0.9, "a": -0.4}, "b")
+        m["scores"] = [0.3 if c == "a" else 0.6 for c in m["cands"]]
+        rows.append(({**it, "key": f"r{i}"}, m))
+    fitted = fit(rows, router_acc=0.0, max_lost=0.0, k=2, fit_all=10)
+    assert fitted.name_weight > 0 and all(apply(fitted, m) == "b" for _, m in rows)
+    fixed = fit(rows, router_acc=0.0, max_lost=0.0, k=2, fit_all=10, name_weight=0.0)
+    assert fixed.name_weight == 0.0 and sum(apply(fixed, m) == "b" for _, m in rows) <= len(rows) // 2
+
+
 def test_fit_weighs_the_values_a_request_names():
     """Relevant requests and chatter the model and the router cannot tell apart (the same p_call, top-1 and
     margin; the 0.5B Qwen calls a tool for "Bonjour" with p 0.95): the requests name values, the chatter none, so

@@ -372,7 +372,7 @@ def test_after_a_text_answer_a_request_is_still_read_for_a_call(qwen_backends, r
     """With an assistant's text answer in its history the 0.5B puts p(call) ~0 on every later request; p(call) is
     also read on the conversation without that prose (the backend's scratch sequence, from the shared prefix), so
     "What time is it in Paris now?" is a call; chatter after a joke stays text."""
-    from nexus_agent.turn.engine import without_prose
+    from nexus_agent.turn.engine import last_exchange, readings, without_prose
 
     tokyo = [{"role": "user", "content": "What time is it in Tokyo (Asia/Tokyo)?"},
              {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
@@ -382,6 +382,7 @@ def test_after_a_text_answer_a_request_is_still_read_for_a_call(qwen_backends, r
     paris = tokyo + [{"role": "user", "content": "What time is it in Paris (Europe/Paris) now?"}]
     exchange = tokyo[:3] + paris[-1:]
     assert without_prose(paris) == exchange and without_prose(exchange) is exchange
+    assert readings(paris) == [paris[-1:], exchange] and last_exchange(paris[-1:]) == paris[-1:]
     joke = [{"role": "user", "content": "Tell me a joke about programmers."},
             {"role": "assistant", "content": "Why do programmers prefer dark mode? Because light attracts bugs."},
             {"role": "user", "content": "Haha, thanks!"}]
@@ -390,12 +391,70 @@ def test_after_a_text_answer_a_request_is_still_read_for_a_call(qwen_backends, r
     try:
         decider = Decider(backend, DecideProfile(mode="model"))
         d = decide_turn(decider, router, TOOLS, paris, lambda ids: live, 4096).decision
-        assert d.kind == "call" and d.calls[0].name == "get_current_time" and d.p_call > 0.5, d
+        assert d.kind == "call" and d.calls[0].name == "get_current_time" and d.p_call > 0.5 and d.reading >= 1, d
         from nexus_agent.openai_api import template_messages
 
         full = decider.p_call(LiveContext(backend, None, 4096).prefill(  # the conversation as it is: ~0
             decider.prompt(template_messages(paris), [Candidate(t, 0.0, i) for i, t in enumerate(TOOLS.values())])[0]))
         assert full < 0.1, full
         assert decide_turn(decider, router, TOOLS, joke, lambda ids: live, 4096).decision.kind == "text"
+    finally:
+        live.close()
+
+
+def _called(k: int, name: str, args: dict) -> list[dict]:
+    import json
+
+    return [{"role": "assistant", "content": "", "tool_calls": [{"id": f"c{k}", "type": "function", "function": {
+                "name": name, "arguments": json.dumps(args)}}]},
+            {"role": "tool", "tool_call_id": f"c{k}", "content": f'{{"status": "ok", "result": "done (step {k})"}}'}]
+
+
+def test_after_calls_a_request_is_also_read_alone(qwen_backends, router):
+    """Three calls and their results into a conversation, the 0.5B reads p(call) 0.12 for a request it reads at
+    0.82 alone (measured here; `nexus eval serve`'s conversation lost its fifth request to an empty text answer
+    so): p(call) is also read on the last exchange alone, and the request is a call."""
+    from nexus_agent.openai_api import template_messages
+    from nexus_agent.turn.engine import readings
+
+    history = ([{"role": "system", "content": "You are a helpful assistant. Call a function when one fits."},
+                {"role": "user", "content": "Add 2 and 3."}] + _called(1, "add", {"a": 2, "b": 3})
+               + [{"role": "user", "content": "Multiply 4 by 5."}] + _called(2, "multiply", {"x": 4, "y": 5})
+               + [{"role": "user", "content": "What's the weather in Oslo?"}] + _called(3, "get_weather",
+                                                                                       {"city": "Oslo"}))
+    messages = history + [{"role": "user", "content": "Quelle heure est-il à 'Europe/Paris' ?"}]
+    assert readings(messages) == [messages[:1] + messages[-1:]]
+    backend = qwen_backends("llamacpp")
+    decider = Decider(backend, DecideProfile(mode="model"))
+    live, whole = LiveContext(backend, None, 4096), LiveContext(backend, None, 4096)
+    try:
+        cands = [Candidate(t, 0.0, i) for i, t in enumerate(TOOLS.values())]
+        full = decider.p_call(whole.prefill(decider.prompt(template_messages(messages), cands)[0]))
+        assert full < 0.4, full
+        d = decide_turn(decider, router, TOOLS, messages, lambda ids: live, 4096).decision
+        assert d.kind == "call" and d.reading == 1 and d.p_call > 0.6, d
+        assert d.calls[0].name == "get_current_time" and d.calls[0].arguments == {"timezone": "Europe/Paris"}, d
+    finally:
+        live.close()
+        whole.close()
+
+
+def test_a_call_the_rule_turns_down_is_answered_without_the_tools(qwen_backends, router):
+    """Where the model would call (p_call >= 0.5) and the rule decides text, the answer's prompt has no tools
+    section: under it the 0.5B wrote its call out as the answer (a fenced `name: uber.ride` for "Bonjour !")."""
+    from native.generate import stream_generate
+
+    backend = qwen_backends("llamacpp")
+    decider = Decider(backend, DecideProfile(mode="model", bias=-30.0))  # text, whatever the model reads
+    live = LiveContext(backend, None, 4096)
+    try:
+        turn = decide_turn(decider, router, TOOLS, [{"role": "user", "content": "What's the weather in Oslo?"}],
+                           lambda ids: live, 4096)
+        assert turn.decision.kind == "text" and turn.decision.p_call > 0.5, turn.decision
+        prompt = backend.tokenizer.decode(turn.ids)
+        assert "<tools>" not in prompt and prompt.rstrip().endswith("assistant"), prompt
+        text = "".join(r.text for r in stream_generate(backend, turn.ids, 24, session=turn.live.session,
+                                                       logits_processors=[decider.text_mask()], logits=turn.logits))
+        assert text.strip() and "get_weather" not in text and "{" not in text, text
     finally:
         live.close()

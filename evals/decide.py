@@ -14,7 +14,8 @@ Variants, per model and size:
   to the variant prefilled as text (the same decision) and the prefill's speed-up;
 - `all`: every tool in the prompt, as llama.cpp's and mlx-lm's servers serve tools (a prompt over the
   context, `--n-ctx`, is a failure: no decision);
-- `nexus`: what `nexus serve` ships for the model: its decide profile (`nexus_agent.turn.profile`) applied.
+- `nexus`: what `nexus serve` ships for the model: its decide profile (`nexus_agent.turn.profile`) applied;
+  with `--history`, `nexus-one-reading` applies it to the whole conversation's p(call) alone (none read beside).
 
 One model pass per item and variant measures everything a profile needs: the model's probability of starting a
 call, and the log-probability of every candidate's name after the call opener. The call/text rule and the
@@ -40,6 +41,24 @@ from evals.decide_report import FIGURES, table
 from evals.render import save_plot
 
 DEFAULT_CHAT = str(Path(__file__).with_name("data") / "chat_turns.jsonl")
+
+
+def _called(k: int, name: str, arguments: dict, result: dict) -> list[dict]:
+    return [{"role": "assistant", "content": "", "tool_calls": [{"id": f"h{k}", "type": "function", "function": {
+                "name": name, "arguments": json.dumps(arguments)}}]},
+            {"role": "tool", "tool_call_id": f"h{k}", "content": json.dumps(result)}]
+
+
+_CALLS = ([{"role": "user", "content": "What's the weather in Oslo right now?"}]
+          + _called(1, "get_weather", {"city": "Oslo"}, {"temperature_c": 3, "sky": "cloudy"})
+          + [{"role": "user", "content": "And convert 100 USD to EUR."}]
+          + _called(2, "convert_currency", {"amount": 100, "from": "USD", "to": "EUR"}, {"amount": 92.4}))
+HISTORIES = {  # --history: earlier turns every item is asked after (their tools need not be in the registry)
+    "greeting": [{"role": "user", "content": "Hi there!"},
+                 {"role": "assistant", "content": "Hello! How can I help you today?"}],
+    "calls": _CALLS,
+    "answered": _CALLS + [{"role": "assistant", "content": "100 USD is 92.40 EUR; Oslo is at 3 °C and cloudy."}],
+}
 KINDS = ("relevant", "irrelevant", "chat")
 FIT_ALL = 10  # a registry this small is shown whole
 
@@ -69,6 +88,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrate-k-sure", type=int, default=None, metavar="M",
                    help="the fitted profile shows M candidates when the router's gate is sure (0: k; default: the "
                         "model's current setting)")
+    p.add_argument("--history", default=None, choices=sorted(HISTORIES),
+                   help="ask every item after these earlier turns (a greeting exchange; two requests answered by "
+                        "calls; the same and a text answer): p(call) is also read beside the conversation")
     p.add_argument("--name-weight", type=float, default=None, metavar="W",
                    help="the router's weight on candidate names, fixed instead of fitted")
     p.add_argument("--max-lost", type=float, default=0.02, help="relevant requests the fitted rule may answer in text")
@@ -113,6 +135,7 @@ def items(args, names: list[str]) -> list[dict]:
             for q in pick(irr, args.n_irrelevant)]
     out += [{"kind": "chat", "gold": None, "messages": c["messages"]} for c in pick(chat, args.n_chat)]
     for it in out:
+        it["messages"] = HISTORIES.get(getattr(args, "history", None), []) + it["messages"]
         it["key"] = json.dumps(it["messages"], ensure_ascii=False)
     return out
 
@@ -136,7 +159,8 @@ def variant(k: int, k_sure: int = 0, splice: bool = False) -> str:
 
 
 def measure(engine, req, k: int, fit_all: int, blocks=None, k_sure: int = 0) -> dict:
-    """One model pass: p_call, every candidate's name log-probability, the router's evidence, timings.
+    """One model pass: p_call (and beside it, `p_beside`: on each of `engine.readings`), every candidate's name
+    log-probability, the router's evidence, timings.
 
     Every pass starts from a context holding the prompt's head (system text and tools preamble, which any
     earlier request leaves cached), so text and spliced variants pay for the same tokens. `blocks`: a
@@ -144,6 +168,7 @@ def measure(engine, req, k: int, fit_all: int, blocks=None, k_sure: int = 0) -> 
     session: `nexus compile`'s canonical place, never this prompt's own context)."""
     from nexus_agent.openai_api import template_messages
     from nexus_agent.turn.decide import top_k
+    from nexus_agent.turn.engine import reading_prompts
     from nexus_agent.turn.profile import DecideProfile
     from nexus_agent.turn.retrieval import retrieve
 
@@ -164,9 +189,13 @@ def measure(engine, req, k: int, fit_all: int, blocks=None, k_sure: int = 0) -> 
         blocks.compile(ids[:head], [ids[a:b] for a, b in spans])
     t0 = time.perf_counter()
     d = engine.decide(req, arguments=lambda tool, live, at, logits: (None, "not decoded", "")).decision
-    return {"p_call": d.p_call, "values": d.values, "lps": d.name_logprobs, "cands": d.candidates, "scores": d.scores,
-            "top1": d.top1, "margin": d.margin, "prompt_tokens": d.prompt_tokens, "decide_ms": d.decide_ms,
-            "prefill_ms": d.prefill_ms, "spliced": d.spliced, "ms": (time.perf_counter() - t0) * 1e3}
+    ms = (time.perf_counter() - t0) * 1e3
+    live = engine.contexts[-1]  # the context the decision was made on
+    beside = [engine.decider.p_call_beside(live, ids, alt)
+              for alt in reading_prompts(engine.decider, req.messages, cands)]
+    return {"p_call": d.p_call, "p_beside": beside, "values": d.values, "lps": d.name_logprobs, "cands": d.candidates,
+            "scores": d.scores, "top1": d.top1, "margin": d.margin, "prompt_tokens": d.prompt_tokens,
+            "decide_ms": d.decide_ms, "prefill_ms": d.prefill_ms, "spliced": d.spliced, "ms": ms}
 
 
 def score(rows: list[dict]) -> dict:
@@ -336,6 +365,9 @@ def run(args: argparse.Namespace) -> dict:
                 res["nexus"] = dict(res["router"], source="router")
             elif "nexus" not in res:
                 res["nexus"] = score([_row(it, m, profile) for it, m in per_size[size]["meas"][key]])
+                if getattr(args, "history", None):  # the same setting on the conversation's own reading alone
+                    res["nexus-one-reading"] = score([_row(it, m and dict(m, p_beside=[]), profile)
+                                                      for it, m in per_size[size]["meas"][key]])
         engine.decider.blocks = shipped_blocks
         _time_calls(engine, profile, scored, sizes, catalogue, args, out, name)
         engine.close()

@@ -19,7 +19,7 @@ def apply(profile, m: dict) -> str | None:
     """The decision `profile` makes on a measured item: a tool name, or None for a text answer."""
     if m is None or not m["cands"]:
         return None
-    if profile.call_score(m["p_call"], m["top1"], m["margin"], m.get("values", 0)) <= 0:
+    if profile.call_score(p_read(m), m["top1"], m["margin"], m.get("values", 0)) <= 0:
         return None
     ranked = [(profile.name_score(m["lps"].get(c, -1e9), sc, r), c) for r, (c, sc) in enumerate(zip(m["cands"],
                                                                                                    m["scores"]))]
@@ -37,7 +37,7 @@ def fit(measured: list[tuple[dict, dict]], router_acc: float, max_lost: float, k
     from nexus_agent.turn.profile import DecideProfile
 
     ok = [(it, with_values(it, m)) for it, m in measured if m is not None]
-    x = np.array([[_logit(m["p_call"]), m["top1"], m["margin"], m["values"]] for _, m in ok])
+    x = np.array([[_logit(p_read(m)), m["top1"], m["margin"], m["values"]] for _, m in ok])
     y = np.array([it["kind"] == "relevant" for it, _ in ok], dtype=float)
     w = _logistic(x, y)
     z = x @ w[1:]
@@ -55,6 +55,13 @@ def fit(measured: list[tuple[dict, dict]], router_acc: float, max_lost: float, k
         prof = replace(prof, mode="router")
     prof.metrics = {"decision_acc": float(acc), "router_decision_acc": float(router_acc)}
     return prof
+
+
+def p_read(m: dict) -> float:
+    """The p(call) a decision uses: the largest of the conversation's reading and those beside it (`p_beside`,
+    `engine.readings`: the decider reads them in turn while the score says text, so with a positive weight on
+    p(call) it decides a call exactly when the largest does)."""
+    return max([m["p_call"], *m.get("p_beside", ())])
 
 
 def with_values(it: dict, m: dict) -> dict:

@@ -195,7 +195,7 @@ class Decider:
         result, calls the same git log again, p_call 0.99, on every further turn); when the first call would,
         the decision is text. `beside()`: prompts of the same candidates for conversations beside this one
         (`engine.readings`: the last exchange alone, the conversation without its prose); where this prompt's
-        reading decides text and the backend can read theirs beside it (`_p_call_beside`), p_call is the largest
+        reading decides text and the backend can read theirs beside it (`p_call_beside`), p_call is the largest
         (`reading`: which one, 0 for this prompt's) and one that decides a call ends the reading."""
         t0 = time.perf_counter()
         prompt = ids
@@ -217,7 +217,7 @@ class Decider:
             d.p_call, d.values = self.p_call(logits), request_values(request)
             d.score = self.profile.call_score(d.p_call, top1, margin, d.values)
             for k, alt in enumerate(beside() if beside is not None and d.score <= 0 else (), 1):
-                p = self._p_call_beside(live, ids, alt)
+                p = self.p_call_beside(live, ids, alt)
                 if p > d.p_call:
                     d.p_call, d.reading = p, k
                     d.score = self.profile.call_score(d.p_call, top1, margin, d.values)
@@ -259,7 +259,7 @@ class Decider:
         d.call_ms = (time.perf_counter() - t0) * 1e3
         return d, done, None
 
-    def _p_call_beside(self, live, ids: list[int], alt: list[int]) -> float:
+    def p_call_beside(self, live, ids: list[int], alt: list[int]) -> float:
         """p_call after `alt`, read on the backend's scratch sequence from the prefix it shares with `ids` (which
         `live` holds): 0 where the backend cannot (no `probe`, an evicting context, no room)."""
         from native.base import BackendError

@@ -77,6 +77,14 @@ def readings(messages: list[dict]) -> list[list[dict]]:
     return out
 
 
+def reading_prompts(decider: Decider, messages: list[dict], cands: list[Candidate]):
+    """The prompts of `readings(messages)` with the candidates `cands` shown, as `decider.prompt` builds them."""
+    from nexus_agent.openai_api import render_messages, template_messages
+
+    for alt in readings(messages):
+        yield decider.prompt(template_messages(alt) if decider.fmt.template_tools else render_messages(alt), cands)[0]
+
+
 def calls_made(messages: list[dict]) -> set[str]:
     """The `call_key`s of the calls the assistant made since the last user message (the current turn's)."""
     start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
@@ -123,10 +131,8 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
     if len(ids) + 64 > n_ctx:
         raise PromptTooLong(f"this model's context holds {n_ctx} tokens; the messages and the {len(cands)} tools "
                             f"shown take {len(ids)}")
-    def beside():  # the readings' prompts, built only where the conversation's own reading is text
-        for alt in readings(messages):
-            yield decider.prompt(template_messages(alt) if decider.fmt.template_tools else render_messages(alt),
-                                 cands)[0]
+    def beside():  # built only where the conversation's own reading decides text
+        return reading_prompts(decider, messages, cands)
     results = tool_results(messages)
     step = last_user(messages)
     made = calls_made(messages)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from evals.decide import items
+from evals.decide import HISTORIES, items
 from evals.decide_fit import apply, fit
 from nexus_agent.turn.profile import DecideProfile
 
@@ -116,6 +116,19 @@ def test_items_are_a_seeded_sample_of_each_kind(routing_data):
     one, two = items(A, names), items(A, names)
     assert one == two and [i["kind"] for i in one] == ["relevant"] * 3 + ["irrelevant"] * 2 + ["chat"] * 4
     assert all(i["gold"] in names for i in one[:3])
+    A.history = "answered"  # the same items, asked after two calls and a text answer
+    later = items(A, names)
+    h = HISTORIES["answered"]
+    assert all(i["messages"] == h + j["messages"] and i["key"] != j["key"] for i, j in zip(later, one))
+
+
+def test_a_reading_beside_the_conversation_decides_as_the_decider_does():
+    """The decider reads p(call) beside the conversation while its score says text: a measured item calls where
+    the largest reading's score does."""
+    prof = DecideProfile(mode="model", bias=0.0, w_model=1.0)
+    it, m = _measured("relevant", 0.2, {"a": -0.1, "b": -3.0}, "a")
+    assert apply(prof, m) is None
+    assert apply(prof, dict(m, p_beside=[0.1, 0.8])) == "a" and apply(prof, dict(m, p_beside=[0.3])) is None
 
 
 def test_a_bad_profile_file_is_named(nexus_home):

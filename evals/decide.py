@@ -24,7 +24,7 @@ threshold that loses at most `--max-lost` of relevant requests, the router weigh
 router mode) and the `nexus` variant is scored 2-fold cross-fitted (each half with the setting fitted on the
 other, split by a hash of the item); the setting fitted on all items is saved as the model's profile.
 call_ms: time to the complete call (arguments included) through the engine, on the first `--timed` relevant
-items of each size.
+items of each size. `--history` asks every item after fixed earlier turns (`HISTORIES`).
 """
 
 from __future__ import annotations
@@ -166,9 +166,8 @@ def measure(engine, req, k: int, fit_all: int, blocks=None, k_sure: int = 0) -> 
     earlier request leaves cached), so text and spliced variants pay for the same tokens. `blocks`: a
     `ToolBlocks` to splice the candidates from (their blocks compiled first, after the head, in a scratch
     session: `nexus compile`'s canonical place, never this prompt's own context)."""
-    from nexus_agent.openai_api import template_messages
     from nexus_agent.turn.decide import top_k
-    from nexus_agent.turn.engine import reading_prompts
+    from nexus_agent.turn.engine import decision_prompt, reading_prompts
     from nexus_agent.turn.profile import DecideProfile
     from nexus_agent.turn.retrieval import retrieve
 
@@ -179,7 +178,7 @@ def measure(engine, req, k: int, fit_all: int, blocks=None, k_sure: int = 0) -> 
     by_name = {t.name: t for t in req.tools}
     profile = engine.decider.profile
     cands = top_k(retrieve(engine.router_for(req.tools), req.messages, profile.k), by_name, profile, len(req.tools))
-    ids, spans = engine.decider.prompt(template_messages(req.messages), cands)
+    ids, spans = decision_prompt(engine.decider, req.messages, cands)
     head = spans[0][0] if spans else 0
     for live in engine.contexts:  # keep only the shared head cached
         n = min(head, len(live.ids))

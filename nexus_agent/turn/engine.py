@@ -77,12 +77,19 @@ def readings(messages: list[dict]) -> list[list[dict]]:
     return out
 
 
-def reading_prompts(decider: Decider, messages: list[dict], cands: list[Candidate]):
-    """The prompts of `readings(messages)` with the candidates `cands` shown, as `decider.prompt` builds them."""
+def decision_prompt(decider: Decider, messages: list[dict], cands: list[Candidate]) -> tuple[list[int], list]:
+    """The prompt the decision is read on (`Decider.prompt`: its ids and the candidates' spans): the conversation
+    as the model's template takes it (a tools section's convention, else plain turns)."""
     from nexus_agent.openai_api import render_messages, template_messages
 
+    msgs = template_messages(messages) if decider.fmt.template_tools else render_messages(messages)
+    return decider.prompt(msgs, cands)
+
+
+def reading_prompts(decider: Decider, messages: list[dict], cands: list[Candidate]):
+    """The prompts of `readings(messages)` with the candidates `cands` shown, as `decision_prompt` builds them."""
     for alt in readings(messages):
-        yield decider.prompt(template_messages(alt) if decider.fmt.template_tools else render_messages(alt), cands)[0]
+        yield decision_prompt(decider, alt, cands)[0]
 
 
 def calls_made(messages: list[dict]) -> set[str]:
@@ -120,14 +127,13 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
     show them: only where nothing shown can be taken back (the first call, which no later check drops, of a
     schema the grammar enforces whole). `limit`: the client's max_tokens, capping both budgets.
     """
-    from nexus_agent.openai_api import render_messages, template_messages
+    from nexus_agent.openai_api import render_messages
 
     d = retrieve(router, messages, decider.profile.k)
     cands = top_k(d, tools, decider.profile, len(tools))
     if tool_choice in tools and all(c.name != tool_choice for c in cands):
         cands.insert(0, Candidate(tools[tool_choice], 0.0, 0))
-    msgs = template_messages(messages) if decider.fmt.template_tools else render_messages(messages)
-    ids, spans = decider.prompt(msgs, cands)
+    ids, spans = decision_prompt(decider, messages, cands)
     if len(ids) + 64 > n_ctx:
         raise PromptTooLong(f"this model's context holds {n_ctx} tokens; the messages and the {len(cands)} tools "
                             f"shown take {len(ids)}")

@@ -26,7 +26,8 @@ class PromptTooLong(ValueError):
 @dataclass
 class Turn:
     """A decided turn: the Decision, the prompt ids, the logits after them (a text decision's answer starts
-    there: after tool results, on `prompts.results_answer_messages`) and the live context that holds them."""
+    there: after tool results, on `prompts.results_answer_messages`; where the model would have called, p(call)
+    >= 0.5, on the plain conversation without the tools section) and the live context that holds them."""
 
     decision: Decision
     ids: list[int]

@@ -433,12 +433,26 @@ class CopyBias:
         n = min(len(out), len(closers))
         out[:n] = np.where(closers[:n], out[:n] + 1e4, out[:n])
         item = next((i for i in (self.item, self.number_item) if i is not None and i == self.used[-1]), None)
-        if item is not None:  # an array item: does the request list more right after it (for a number, a `]`
-            # there closes its own array, as in a matrix, and the array around it is left to the model)
-            more = listed_next(self.texts[item[0]][0], item[2])
-            pick = closers[:n] & (self.comma[:n] & ~self.bracket[:n] if more else self.bracket[:n] & ~self.comma[:n])
+        if item is not None:  # an array item: does the request list more right after it (where the request
+            # closes brackets itself, as in a matrix, the closers it writes: "], [" closes that row only)
+            text = self.texts[item[0]][0]
+            written = _closing(text, item[2])
+            if written.startswith(b"]"):
+                pick = closers[:n] & self._spelling(closers[:n], written)
+            else:
+                more = listed_next(text, item[2])
+                pick = closers[:n] & (self.comma[:n] & ~self.bracket[:n] if more else
+                                      self.bracket[:n] & ~self.comma[:n])
             out[:n] = np.where(pick, out[:n] + 1e3, out[:n])
         return self.keys.closer_tilt(out, closers)
+
+    def _spelling(self, closers: np.ndarray, written: bytes) -> np.ndarray:
+        """Which of the `closers` tokens spell the start of `written` (spaces and newlines aside)."""
+        out = np.zeros(len(closers), dtype=bool)
+        for i in np.flatnonzero(closers):
+            b = self.tb[i].translate(None, b" \n\t")
+            out[i] = bool(b) and written.startswith(b)
+        return out
 
     def _close_array(self, logits: np.ndarray) -> np.ndarray:
         """The request names no further item after the one just copied: close the array where the grammar
@@ -487,6 +501,12 @@ class CopyBias:
         self.boosted += 1
         out = np.where(boost, logits + self.bias, logits)
         return self.keys.closer_tilt(out, self.close_str if prefix[:1] == b'"' else self.close_num) if closes else out
+
+
+def _closing(text: bytes, end: int) -> bytes:
+    """The closers `text` writes right after `end` (brackets, braces, commas; spaces dropped): b"]," after a
+    matrix row the request goes on from, b"]]" after its last."""
+    return re.match(rb"[\]\},\s]*", text[end:]).group(0).translate(None, b" \n\t\r")
 
 
 def _close_logprob(logprobs: np.ndarray, closers: np.ndarray) -> float:

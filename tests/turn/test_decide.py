@@ -458,3 +458,46 @@ def test_a_call_the_rule_turns_down_is_answered_without_the_tools(qwen_backends,
         assert text.strip() and "get_weather" not in text and "{" not in text, text
     finally:
         live.close()
+
+
+def test_a_matrix_the_request_writes_is_copied_whole_in_place(qwen_backends, tmp_path):
+    """In place after the tools prompt (the ten tools of `nexus eval serve`'s conversation, from the public data),
+    the 0.5B closed each matrix after its first row: a closing token that spells more brackets than the request
+    writes there ("]]" after the "3" of "3], [4") was among those a copied number may close with ({"matA": [[1, 2,
+    3]], "matB": [[10, 11, 12]]}, and three more calls so). The closers the request writes decide."""
+    import json
+    from pathlib import Path
+
+    from nexus_agent.turn.profile import load_decide_profile
+    from slb.build import build_buffer
+    from slb.embedder import Embedder
+    from slb.service import open_router
+    from slb.tools import as_entry
+
+    data = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "routing" / "tools.jsonl"
+    if not data.is_file():
+        pytest.skip(f"public routing data not present at {data}")
+    names = ["uber.ride", "stars_list", "card_game_probability.calculate", "send_message",
+             "physics.calculate_cone_mass", "Hotels_4_SearchHotel", "mat_mul", "avg_closing_price",
+             "geometry.area_circle", "getDataForProfessional"]
+    rows = {r["name"]: r for r in map(json.loads, data.read_text().splitlines()) if r["name"] in names}
+    tools = {n: Tool.from_mcp(rows[n]) for n in names}
+    build_buffer(list(tools.values()), Embedder(), tmp_path / "m.slb")
+    router = open_router("gate", tools=[as_entry(t) for t in tools.values()], path=tmp_path / "m.slb")
+    backend = qwen_backends("llamacpp")
+    profile = load_decide_profile(backend.info.fingerprint, True)
+    live = LiveContext(backend, None, 8192)
+    request = ("I'm working on a project that involves some heavy matrix calculations, and I need to multiply "
+               "several pairs of matrices to analyze the data. Could you multiply these sets of matrices: [[1, 2, "
+               "3], [4, 5, 6], [7, 8, 9]] with [[10, 11, 12], [13, 14, 15], [16, 17, 18]]; [[19, 20], [21, 22]] "
+               "with [[23, 24], [25, 26]]; [[27, 28, 29, 30], [31, 32, 33, 34]] with [[35, 36, 37, 38], [39, 40, "
+               "41, 42]]; and [[43, 44], [45, 46]] with [[47, 48], [49, 50]]?")
+    try:
+        d = decide_turn(Decider(backend, profile), router, tools, [
+            {"role": "system", "content": "You are a helpful assistant. Call a function when one fits the request."},
+            {"role": "user", "content": request}], lambda ids: live, 8192, parallel=True).decision
+    finally:
+        live.close()
+    assert d.kind == "call" and d.calls[0].name == "mat_mul", d
+    assert d.calls[0].arguments == {"matA": [[1, 2, 3], [4, 5, 6], [7, 8, 9]],
+                                    "matB": [[10, 11, 12], [13, 14, 15], [16, 17, 18]]}, d.calls

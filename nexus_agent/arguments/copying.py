@@ -17,17 +17,17 @@ mask runs before this processor, so a value the schema forbids stays impossible 
 Beside the model's likelihood, the ranking reads how requests introduce values (`span_priors.py`: a word
 naming a parameter comes right before or right after its value, joining words end one). Which optional keys
 are written follows the request too (`key_choice.py`). The sources, spans and provenance are in
-`copy_sources.py`; following the JSON in `json_cursor.py`.
+`copy_sources.py`; following the JSON in `json_cursor.py`; which tokens end a value in `closers.py`.
 """
 
 from __future__ import annotations
 
 import heapq
 import re
-from functools import lru_cache
 
 import numpy as np
 
+from nexus_agent.arguments.closers import close_logprob, closing, spelling, token_classes
 from nexus_agent.arguments.constrained import _REFS, token_bytes
 from nexus_agent.arguments.copy_sources import (
     MAX_TOKEN_BYTES,
@@ -56,34 +56,6 @@ from nexus_agent.arguments.span_priors import (
 DEFAULT_BIAS = 4.0  # logits; chosen on the agent suite and BFCL by `nexus eval arguments --bias` (README)
 JOINER_PENALTY = 1.0  # per joining word inside a string copy (`span_priors.joiners`)
 ANCHOR_BONUS = 1.0  # per point of `span_priors.anchor`
-_STRING_CLOSERS = set(b'",}] \n')
-_NUMBER_CLOSERS = set(b",}] \n")
-
-
-@lru_cache(maxsize=4)
-def _bytes_index_cached(digest: str, tokenizer_ref: int) -> tuple[dict[bytes, list[int]], np.ndarray, ...]:
-    tb = token_bytes(_REFS[tokenizer_ref])
-    index: dict[bytes, list[int]] = {}
-    close_str = np.zeros(len(tb), dtype=bool)
-    close_num = np.zeros(len(tb), dtype=bool)
-    close_obj = np.zeros(len(tb), dtype=bool)
-    close_arr = np.zeros(len(tb), dtype=bool)
-    bracket = np.zeros(len(tb), dtype=bool)
-    comma = np.zeros(len(tb), dtype=bool)
-    for i, b in enumerate(tb):
-        close_obj[i] = b.lstrip(b" \n\t")[:1] == b"}"
-        close_arr[i] = b.lstrip(b" \n\t")[:1] == b"]"
-        bracket[i] = b"]" in b
-        comma[i] = b"," in b
-        if 0 < len(b) <= MAX_TOKEN_BYTES:
-            index.setdefault(b, []).append(i)
-        if b[:1] == b'"' and all(c in _STRING_CLOSERS for c in b[1:]):
-            close_str[i] = True
-        if b and all(c in _NUMBER_CLOSERS for c in b) and b[0] in b",}]":
-            close_num[i] = True
-    return index, close_str, close_num, close_obj, comma, close_arr, bracket
-
-
 class CopyBias:
     """Logits processor: tilt decoding toward values copied from `sources` (module docstring).
 
@@ -104,7 +76,7 @@ class CopyBias:
         self.tokenizer = tokenizer
         self.tb = token_bytes(tokenizer)
         (self.index, self.close_str, self.close_num, self.close_obj, self.comma, self.close_arr,
-         self.bracket) = _bytes_index_cached(tokenizer.digest, id(tokenizer))
+         self.bracket) = token_classes(tokenizer.digest, id(tokenizer))
         self.schema, self.bias = schema or {}, bias
         self.session, self.rank_starts, self.max_copy_tokens = session, rank_starts, max_copy_tokens
         self.cursor = JsonCursor()
@@ -244,7 +216,7 @@ class CopyBias:
                 whole = len(written) == len(rest)
                 if (ends and _word_end(rest, len(written))) or whole:
                     lp = _log_softmax(logits_after[i])
-                    close = _close_logprob(lp, closers)
+                    close = close_logprob(lp, closers)
                     mean = (total + close) / (i + 2)
                     out.append((mean, toks[: i + 1], where))
                 if whole:
@@ -388,7 +360,7 @@ class CopyBias:
                     grew = True
                 if len(lps) == len(other) and m == len(other):  # the pass went through all of it: its close
                     r = lsm.setdefault(len(other) - 1, _log_softmax(rows[len(other) - 1]))
-                    lps.append(_close_logprob(r, closers))
+                    lps.append(close_logprob(r, closers))
                     grew = True
                 if grew:
                     heapq.heappush(heap, (-bound(j), j, len(lps)))
@@ -436,23 +408,15 @@ class CopyBias:
         if item is not None:  # an array item: does the request list more right after it (where the request
             # closes brackets itself, as in a matrix, the closers it writes: "], [" closes that row only)
             text = self.texts[item[0]][0]
-            written = _closing(text, item[2])
+            written = closing(text, item[2])
             if written.startswith(b"]"):
-                pick = closers[:n] & self._spelling(closers[:n], written)
+                pick = closers[:n] & spelling(self.tb, closers[:n], written)
             else:
                 more = listed_next(text, item[2])
                 pick = closers[:n] & (self.comma[:n] & ~self.bracket[:n] if more else
                                       self.bracket[:n] & ~self.comma[:n])
             out[:n] = np.where(pick, out[:n] + 1e3, out[:n])
         return self.keys.closer_tilt(out, closers)
-
-    def _spelling(self, closers: np.ndarray, written: bytes) -> np.ndarray:
-        """Which of the `closers` tokens spell the start of `written` (spaces and newlines aside)."""
-        out = np.zeros(len(closers), dtype=bool)
-        for i in np.flatnonzero(closers):
-            b = self.tb[i].translate(None, b" \n\t")
-            out[i] = bool(b) and written.startswith(b)
-        return out
 
     def _close_array(self, logits: np.ndarray) -> np.ndarray:
         """The request names no further item after the one just copied: close the array where the grammar
@@ -501,17 +465,6 @@ class CopyBias:
         self.boosted += 1
         out = np.where(boost, logits + self.bias, logits)
         return self.keys.closer_tilt(out, self.close_str if prefix[:1] == b'"' else self.close_num) if closes else out
-
-
-def _closing(text: bytes, end: int) -> bytes:
-    """The closers `text` writes right after `end` (brackets, braces, commas; spaces dropped): b"]," after a
-    matrix row the request goes on from, b"]]" after its last."""
-    return re.match(rb"[\]\},\s]*", text[end:]).group(0).translate(None, b" \n\t\r")
-
-
-def _close_logprob(logprobs: np.ndarray, closers: np.ndarray) -> float:
-    """log p(some token in the `closers` mask) from one row of log-probabilities: a value ends here."""
-    return float(np.logaddexp.reduce(logprobs[: len(closers)][closers[: len(logprobs)]]))
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

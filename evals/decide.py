@@ -43,16 +43,17 @@ from evals.render import save_plot
 DEFAULT_CHAT = str(Path(__file__).with_name("data") / "chat_turns.jsonl")
 
 
-def _called(k: int, name: str, arguments: dict, result: dict) -> list[dict]:
+def called_turns(k: int, name: str, arguments: dict, result: dict) -> list[dict]:
+    """An assistant turn calling `name` with `arguments` (call id h`k`), then the tool turn holding `result`."""
     return [{"role": "assistant", "content": "", "tool_calls": [{"id": f"h{k}", "type": "function", "function": {
                 "name": name, "arguments": json.dumps(arguments)}}]},
             {"role": "tool", "tool_call_id": f"h{k}", "content": json.dumps(result)}]
 
 
 _CALLS = ([{"role": "user", "content": "What's the weather in Oslo right now?"}]
-          + _called(1, "get_weather", {"city": "Oslo"}, {"temperature_c": 3, "sky": "cloudy"})
+          + called_turns(1, "get_weather", {"city": "Oslo"}, {"temperature_c": 3, "sky": "cloudy"})
           + [{"role": "user", "content": "And convert 100 USD to EUR."}]
-          + _called(2, "convert_currency", {"amount": 100, "from": "USD", "to": "EUR"}, {"amount": 92.4}))
+          + called_turns(2, "convert_currency", {"amount": 100, "from": "USD", "to": "EUR"}, {"amount": 92.4}))
 HISTORIES = {  # --history: earlier turns every item is asked after (their tools need not be in the registry)
     "greeting": [{"role": "user", "content": "Hi there!"},
                  {"role": "assistant", "content": "Hello! How can I help you today?"}],

@@ -402,26 +402,22 @@ def test_after_a_text_answer_a_request_is_still_read_for_a_call(qwen_backends, r
         live.close()
 
 
-def _called(k: int, name: str, args: dict) -> list[dict]:
-    import json
-
-    return [{"role": "assistant", "content": "", "tool_calls": [{"id": f"c{k}", "type": "function", "function": {
-                "name": name, "arguments": json.dumps(args)}}]},
-            {"role": "tool", "tool_call_id": f"c{k}", "content": f'{{"status": "ok", "result": "done (step {k})"}}'}]
-
-
 def test_after_calls_a_request_is_also_read_alone(qwen_backends, router):
     """Three calls and their results into a conversation, the 0.5B reads p(call) 0.12 for a request it reads at
     0.82 alone (measured here; `nexus eval serve`'s conversation lost its fifth request to an empty text answer
     so): p(call) is also read on the last exchange alone, and the request is a call."""
+    from evals.decide import called_turns
     from nexus_agent.openai_api import template_messages
     from nexus_agent.turn.engine import readings
 
+    def done(k, name, args):
+        return called_turns(k, name, args, {"status": "ok", "result": f"done (step {k})"})
+
     history = ([{"role": "system", "content": "You are a helpful assistant. Call a function when one fits."},
-                {"role": "user", "content": "Add 2 and 3."}] + _called(1, "add", {"a": 2, "b": 3})
-               + [{"role": "user", "content": "Multiply 4 by 5."}] + _called(2, "multiply", {"x": 4, "y": 5})
-               + [{"role": "user", "content": "What's the weather in Oslo?"}] + _called(3, "get_weather",
-                                                                                       {"city": "Oslo"}))
+                {"role": "user", "content": "Add 2 and 3."}] + done(1, "add", {"a": 2, "b": 3})
+               + [{"role": "user", "content": "Multiply 4 by 5."}] + done(2, "multiply", {"x": 4, "y": 5})
+               + [{"role": "user", "content": "What's the weather in Oslo?"}]
+               + done(3, "get_weather", {"city": "Oslo"}))
     messages = history + [{"role": "user", "content": "Quelle heure est-il à 'Europe/Paris' ?"}]
     assert readings(messages) == [messages[:1] + messages[-1:]]
     backend = qwen_backends("llamacpp")

@@ -72,10 +72,13 @@ def generate_step(
     processors leave no token allowed (every logit -inf). So the session holds the prompt and every yielded
     token except the last one (all of them in the no-token-allowed case).
 
-    A processor's optional `ahead(tokens)` names tokens it will force next (a copy planned whole): they are fed
-    with the token just sampled in one forward pass instead of one decode each, and their logits are taken from
-    it as each comes up (the processors still run on them, so a token they do not pick is never kept: the fed
-    tokens from it on are removed and decoding goes on from there).
+    A processor's optional `ahead(tokens)` names tokens it will force or expects next (a copy planned whole, a
+    draft read from the request): they are fed with the token just sampled in one forward pass instead of one
+    decode each, and their logits are taken from it as each comes up (the processors still run on them, so a
+    token they do not pick is never kept: the fed tokens from it on are removed and decoding goes on from
+    there). A processor's optional `bind(view)` gets the `AheadView` of the session: the passes it runs of its
+    own go through it, so they see the session as holding exactly the tokens so far, and a pass over tokens
+    already fed ahead is read from their logits instead of being run again.
     """
     if logits is None:
         logits = session.prefill(list(prompt))
@@ -83,16 +86,20 @@ def generate_step(
     out: list[int] = []
     enders = [p.finished for p in logits_processors if hasattr(p, "finished")]
     planners = [p.ahead for p in logits_processors if hasattr(p, "ahead")]
-    fed: list[int] = []  # tokens in the session ahead of `out`, and the logits after each
-    rows: list[np.ndarray] = []
+    view = AheadView(session)  # `view.fed`: tokens in the session ahead of `out`; `view.rows`: the logits after each
+    for p in logits_processors:
+        if hasattr(p, "bind"):
+            p.bind(view)
 
     def trim(n: int) -> None:
+        view.fed, view.rows = [], []
         if session.n_past > n:
             session.remove(n, session.n_past)
 
     for i in range(max_tokens):
         for proc in logits_processors:
             logits = proc(out, logits)
+        fed, rows = view.fed, view.rows  # (a processor's own pass may have dropped them)
         if not np.isfinite(logits).any():
             trim(n0 + len(out))
             return
@@ -111,13 +118,49 @@ def generate_step(
             continue
         if fed:  # the processors took another token: drop what was fed ahead
             trim(n0 + len(out) - 1)
-            fed, rows = [], []
         ahead = next((a for a in (plan(out) for plan in planners) if a), [])
         if ahead:
             block = session.forward_logits([token, *ahead])
-            logits, rows, fed = block[0], list(block[1:]), list(ahead)
+            logits, view.rows, view.fed = block[0], list(block[1:]), list(ahead)
         else:
             logits = session.decode(token)
+
+
+class AheadView:
+    """The session as a processor's own passes see it inside `generate_step`: holding the prompt and the tokens
+    so far, not the tokens fed ahead of them. A pass over a prefix of the fed tokens returns their logits
+    without running; any other pass first drops what was fed (the loop then decodes on from its own token).
+    `served` / `dropped` count both cases."""
+
+    def __init__(self, session: Session):
+        self.session = session
+        self.fed: list[int] = []
+        self.rows: list[np.ndarray] = []
+        self.served = self.dropped = 0
+
+    @property
+    def n_past(self) -> int:
+        return self.session.n_past - len(self.fed)
+
+    def forward_logits(self, tokens: Sequence[int]) -> np.ndarray:
+        tokens = list(tokens)
+        if tokens and tokens == self.fed[: len(tokens)]:
+            self.served += 1
+            return np.stack(self.rows[: len(tokens)])
+        self.drop()
+        return self.session.forward_logits(tokens)
+
+    def remove(self, start: int, end: int) -> None:
+        if start >= self.n_past:  # only what a served pass would have added: nothing to remove
+            return
+        self.drop()
+        self.session.remove(start, end)
+
+    def drop(self) -> None:
+        if self.fed:
+            self.dropped += 1
+            self.session.remove(self.n_past, self.session.n_past)
+            self.fed, self.rows = [], []
 
 
 class Detokenizer:

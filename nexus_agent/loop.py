@@ -46,6 +46,7 @@ class AgentConfig:
     answer: bool = True
     copy_bias: float = DEFAULT_BIAS  # 0 turns copy-aware decoding off (schema-constrained decoding only)
     copy_rank: bool = True  # rank whole candidate copies by the model's likelihood (CopyBias with a session)
+    drafts: bool = True  # feed drafts of the request's next values ahead, verified (`arguments.drafts`)
 
     def __post_init__(self):
         if self.max_steps < 1:

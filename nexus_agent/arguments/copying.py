@@ -346,12 +346,15 @@ class CopyBias:
                 if self.prune:
                     break
                 continue
-            rows = self.session.forward_logits(toks)
+            fed = getattr(self.session, "fed", [])  # tokens fed ahead (a draft): their logits are free
+            served = next((m for m in range(len(toks), 0, -1) if toks[:m] == fed[:m]), 0)
+            passed = toks[:served] if n <= served < len(toks) else toks  # a free partial pass may settle it
+            rows = self.session.forward_logits(passed)
             self.session.remove(n0, self.session.n_past)
             lsm: dict[int, np.ndarray] = {}
             for j, (other, _, _) in enumerate(items):
                 m = 0
-                while m < min(len(other), len(toks)) and other[m] == toks[m]:
+                while m < min(len(other), len(passed)) and other[m] == passed[m]:
                     m += 1
                 lps, grew = known[j], False
                 while len(lps) < len(other) and len(lps) <= m:
@@ -375,6 +378,12 @@ class CopyBias:
                 break
             cut = m.end()
         return cut
+
+    def bind(self, view) -> None:
+        """Rank through `generate_step`'s view of the session (`native.generate.AheadView`): a candidate already
+        fed ahead (a draft of the request's next values) is scored from its logits without a pass of its own."""
+        if self.session is not None:
+            self.session = view
 
     def ahead(self, tokens: list[int]) -> list[int]:
         """The copy's tokens still to force after `tokens` (whose last is the one just forced): `generate_step`

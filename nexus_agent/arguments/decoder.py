@@ -32,7 +32,7 @@ from typing import Callable
 
 from nexus_agent.arguments.constrained import generate_json, grammar_enforces
 from nexus_agent.arguments.copy_sources import Source
-from nexus_agent.arguments.copying import CopyBias
+from nexus_agent.arguments.drafts import copy_processors
 from nexus_agent.arguments.fullschema import insert_schema, needs_full_schema, user_tokens
 from nexus_agent.prompts import argument_messages
 from registry.signature import compress
@@ -198,9 +198,9 @@ class ArgumentDecoder:
         logits = live.prefill(ids)
         prefill_s = time.perf_counter() - t0
         session = live.session if self.config.copy_rank else None
-        copy = [CopyBias(tok, sources, schema, self.config.copy_bias, session)] if self.config.copy_bias else []
+        procs = copy_processors(tok, sources, schema, self.config.copy_bias, session, self.config.drafts)
         res = generate_json(live.session, ids, schema, tok, budget or self.config.max_arg_tokens,
-                            on_token=piece or (lambda p: self.on_text("args", p)), logits=logits, processors=copy,
+                            on_token=piece or (lambda p: self.on_text("args", p)), logits=logits, processors=procs,
                             extend_to=larger)
         for t in res.tokens[: res.decoded]:
             live.decoded(t)

@@ -11,22 +11,23 @@ from typing import Callable
 
 from nexus_agent.arguments.constrained import generate_json
 from nexus_agent.arguments.copy_sources import Source
-from nexus_agent.arguments.copying import DEFAULT_BIAS, CopyBias
+from nexus_agent.arguments.copying import DEFAULT_BIAS
 from nexus_agent.arguments.decoder import validate
+from nexus_agent.arguments.drafts import copy_processors
 
 
 def decode_in_place(live, ids: list[int], logits, tool, sources: list[Source], max_tokens: int = 160,
                     copy_bias: float = DEFAULT_BIAS, on_token: Callable[[str], None] | None = None,
-                    extend_to: int | None = None):
+                    extend_to: int | None = None, drafts: bool = True):
     """(arguments or None, the problem, the JSON text, cut) for `tool`, decoded on `live` after `ids` (`logits`:
     the next-token logits there), wrapped up in `max_tokens` and going on to `extend_to` while the JSON is open
     (`constrained.generate_json`); cut: it was still open there. The context then holds `ids` and the decoded
     tokens."""
     schema = tool.input_schema or {"type": "object"}
     tok = live.backend.tokenizer
-    copy = [CopyBias(tok, sources, schema, copy_bias, live.session)] if copy_bias else []
+    procs = copy_processors(tok, sources, schema, copy_bias, live.session, drafts)
     res = generate_json(live.session, ids, schema, tok, max_tokens, on_token=on_token, logits=logits,
-                        processors=copy, extend_to=extend_to)
+                        processors=procs, extend_to=extend_to)
     for t in res.tokens[: res.decoded]:
         live.decoded(t)
     if res.error:

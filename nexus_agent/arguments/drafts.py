@@ -1,0 +1,131 @@
+"""Drafts of what the arguments copy next, read from the request: verified, never forced.
+
+Arguments copy long runs of the request: a matrix, a list of numbers, a sentence to translate. Under the
+copy bias each value is still one decode per token, and a value ranked from the request's numbers costs a
+pass of its own (`copying._whole`). `SourceDraft` finds where the arguments written so far end the same way
+as some place of a source (the request, an earlier result; also as the request would be written in compact
+JSON, `[[1, 2], [3, 4]]` as `[[1,2],[3,4]]`) and names the tokens that follow there as `ahead`: `generate_step`
+feeds them in one forward pass, the processors still run on each position, and a token they do not pick ends
+the draft there. The text decoded is the one decoded token by token; what a draft saves is passes (one pass
+over a dozen tokens costs about two single decodes of a small model on a CPU), and a `CopyBias` reads its
+ranking passes for drafted values from the fed logits (`copying.CopyBias.bind`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from nexus_agent.arguments.constrained import token_bytes
+from nexus_agent.arguments.copy_sources import Source, _escaped
+from nexus_agent.arguments.copying import CopyBias
+
+_SPACED = re.compile(r"([,:])[ \t]+")
+
+
+def variants(text: str) -> list[bytes]:
+    """`text` as the bytes a JSON string holds, and as compact JSON writes its lists and objects."""
+    out = [_escaped(text)]
+    compact = _escaped(_SPACED.sub(r"\1", text))
+    if compact != out[0]:
+        out.append(compact)
+    return out
+
+
+class SourceDraft:
+    """Logits processor that changes no logits: its `ahead(tokens)` is the draft after `tokens` (module
+    docstring). `min_match`: bytes the arguments' end must share with the source; `max_tokens`: the longest
+    draft. A draft that is taken whole doubles the next one's length, one that is not sets it one past what was
+    taken (a token fed and not taken costs about a fifth of a pass); a place whose draft was refused at its
+    first token is not drafted from again; a drafted token the model wrote in two (`],[` as `],` and `[`) is
+    drafted as it wrote it from then on. Among places that end the same way, the one after the last draft's
+    end comes first (a list is copied in its order)."""
+
+    def __init__(self, tokenizer, sources: list[Source], min_match: int = 3, max_tokens: int = 16):
+        self.tokenizer = tokenizer
+        self.tb = token_bytes(tokenizer)
+        self.texts = [v for s in sources if s.text for v in variants(s.text)]
+        self.min_match, self.max_tokens = min_match, max_tokens
+        self.length = 4  # the next draft's length: doubled after a draft taken whole, else one past what was taken
+        self.written = b""
+        self.seen = 0
+        self.pending: tuple[tuple[int, int], list[int], int] | None = None  # (place, draft, tokens seen then)
+        self.refused: set[tuple[int, int]] = set()
+        self.last = (-1, 0)  # (source, byte) the last draft was taken up to
+        self.splits: dict[int, list[int]] = {}  # a drafted token -> the tokens the model wrote it as
+        self.drafted = 0  # drafts named
+        self.log: list[tuple[int, int]] = []  # (drafted, taken) per draft
+
+    def __call__(self, tokens: list[int], logits: np.ndarray) -> np.ndarray:
+        return logits
+
+    def _follow(self, tokens: list[int]) -> None:
+        for t in tokens[self.seen:]:
+            self.written += self.tb[t] if t < len(self.tb) else b""
+        if self.pending is not None:
+            place, draft, at = self.pending
+            if len(tokens) > at:
+                if tokens[at] != draft[0]:
+                    self.refused.add(place)
+                self.pending = None
+                n = 0
+                while at + n < len(tokens) and n < len(draft) and tokens[at + n] == draft[n]:
+                    n += 1
+                self.last = (place[0], place[1] + sum(len(self.tb[t]) for t in draft[:n]))
+                if n < len(draft) and at + n < len(tokens):  # the model split a drafted token: `],` then `[`
+                    mine, theirs = self.tb[draft[n]], self.tb[tokens[at + n]]
+                    if len(theirs) < len(mine) and mine.startswith(theirs):
+                        self.splits[draft[n]] = [tokens[at + n], *self.tokenizer.encode(
+                            mine[len(theirs):].decode("utf-8", "ignore"))]
+                self.log.append((len(draft), n))
+                self.length = min(2 * self.length, self.max_tokens) if n == len(draft) else max(2, n + 1)
+        self.seen = len(tokens)
+
+    def _place(self) -> tuple[int, int] | None:
+        """(source, byte) right after the longest end of the arguments written that a source holds."""
+        best, best_len = None, self.min_match - 1
+        tail = self.written[-48:]
+        for k, text in enumerate(self.texts):
+            n = best_len + 1
+            while n <= len(tail):
+                p = self._find(k, tail[-n:])
+                if p < 0:
+                    break
+                best, best_len = (k, p + n), n
+                n += 1
+        return best
+
+    def _find(self, k: int, piece: bytes) -> int:
+        """Where `piece` occurs in source `k` with something after it, not at a refused place: first after
+        the place the last draft reached (copies go on in the order the request lists them), else first."""
+        text = self.texts[k]
+        for start in ((self.last[1] - len(piece), 0) if self.last[0] == k else (0,)):
+            p = text.find(piece, max(start, 0))
+            while p >= 0 and ((k, p + len(piece)) in self.refused or p + len(piece) >= len(text)):
+                p = text.find(piece, p + 1)
+            if p >= 0:
+                return p
+        return -1
+
+    def ahead(self, tokens: list[int]) -> list[int]:
+        self._follow(tokens)
+        place = self._place()
+        if place is None:
+            return []
+        k, p = place
+        rest = self.texts[k][p:p + 8 * self.max_tokens].decode("utf-8", "ignore")
+        draft = [u for t in self.tokenizer.encode(rest) for u in self.splits.get(t, [t])][: self.length]
+        if not draft:
+            return []
+        self.pending = (place, draft, len(tokens))
+        self.drafted += 1
+        return draft
+
+
+def copy_processors(tokenizer, sources: list[Source], schema: dict, bias: float, session=None,
+                    drafts: bool = True) -> list:
+    """The processors of copy-aware arguments after the grammar: the `CopyBias` (none at bias 0; ranking with
+    `session`), then, with `drafts`, the `SourceDraft` (last: a copy planned whole is fed ahead first)."""
+    out = [CopyBias(tokenizer, sources, schema, bias, session)] if bias else []
+    return out + ([SourceDraft(tokenizer, sources)] if drafts else [])

@@ -250,12 +250,27 @@ _TOOL_PLACEHOLDER = "\ue000t{}\ue001"
 _PIECE_RE = re.compile("\ue000([mt][0-9]+)\ue001")
 
 
+class JsonText(dict):
+    """A JSON object that `tojson` renders as the text it was parsed from (`text`): an assistant's tool-call
+    arguments in a conversation, shown to the model the way they were written (by itself, mostly), not
+    re-serialized, so the tokens a server's context holds for its own call match the next request's."""
+
+    def __init__(self, value: dict, text: str):
+        super().__init__(value)
+        self.text = text
+
+
 def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=False, specials=()) -> str:
     """The `tojson` chat templates are written for (Hugging Face's): keys in their given order, no HTML escaping,
-    non-ASCII kept (jinja2's own sorts keys and escapes `<`: not the text the models were trained on). A special
-    token's text inside a JSON string gets its first character \\u-escaped, so that a tool's description can
-    never be read as a control token (`<tool_call>`, `<|im_start|>`)."""
-    text = json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+    non-ASCII kept (jinja2's own sorts keys and escapes `<`: not the text the models were trained on); a
+    `JsonText` as its own text. A special token's text inside a JSON string gets its first character
+    \\u-escaped, so that a tool's description can never be read as a control token (`<tool_call>`,
+    `<|im_start|>`)."""
+    if isinstance(value, JsonText) and indent is None and separators is None and not sort_keys:
+        text = value.text
+    else:
+        text = json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys,
+                          ensure_ascii=ensure_ascii)
     for s in specials:
         if s in text:
             text = text.replace(s, f"\\u{ord(s[0]):04x}{s[1:]}")

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
-from nexus_agent.arguments.constrained import grammar_enforces
+from nexus_agent.arguments.constrained import grammar_enforces, token_bytes
 from nexus_agent.arguments.copy_sources import Source
 from nexus_agent.arguments.decoder import budgets, describe_miss
 from nexus_agent.arguments.in_place import decode_in_place
@@ -85,6 +85,40 @@ def decision_prompt(decider: Decider, messages: list[dict], cands: list[Candidat
 
     msgs = template_messages(messages) if decider.fmt.template_tools else render_messages(messages)
     return decider.prompt(msgs, cands)
+
+
+def respelled(held: list[int], ids: list[int], tb, start: int = 0, window: int = 64) -> list[int]:
+    """`ids` with each stretch after `start` that spells the same bytes as the tokens `held` has there replaced
+    by those tokens (`tb`: the bytes of each token). A context holds the model's own tokens for the calls it
+    decoded (`{"` then `company`); the next request's prompt encodes the same text into other tokens (` {"`,
+    `company":"`), and every token from the first that differs would be computed again. Stops where the bytes
+    differ or no common boundary comes within `window` tokens."""
+    out, i, j = list(ids[:start]), start, start
+    while i < len(held) and j < len(ids):
+        if held[i] == ids[j]:
+            out.append(ids[j])
+            i, j = i + 1, j + 1
+            continue
+        a, b, ha, hb = i, j, b"", b""
+        while a - i < window and b - j < window:
+            if len(ha) <= len(hb) and a < len(held):
+                ha += tb[held[a]]
+                a += 1
+            elif b < len(ids):
+                hb += tb[ids[b]]
+                b += 1
+            else:
+                break
+            n = min(len(ha), len(hb))
+            if ha[:n] != hb[:n]:
+                return out + list(ids[j:])
+            if ha == hb:
+                break
+        if ha != hb or not ha:
+            return out + list(ids[j:])
+        out += held[i:a]
+        i, j = a, b
+    return out + list(ids[j:])
 
 
 def reading_prompts(decider: Decider, messages: list[dict], cands: list[Candidate]):
@@ -171,6 +205,7 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
         return args, problem, text
 
     live = context(ids)
+    ids = respelled(live.ids, ids, token_bytes(decider.tok), max((e for _, e in spans), default=0))
     decision, held, logits = decider.decide(live, ids, cands, d.score, d.margin, arguments or in_place,
                                             tool_choice, parallel, spans, step, made, beside)
     if decision.kind == "call":

@@ -497,3 +497,65 @@ def test_a_matrix_the_request_writes_is_copied_whole_in_place(qwen_backends, tmp
     assert d.kind == "call" and d.calls[0].name == "mat_mul", d
     assert d.calls[0].arguments == {"matA": [[1, 2, 3], [4, 5, 6], [7, 8, 9]],
                                     "matB": [[10, 11, 12], [13, 14, 15], [16, 17, 18]]}, d.calls
+
+
+def test_respelled_keeps_the_tokens_the_context_holds_for_the_same_text(qwen_backends):
+    from nexus_agent.arguments.constrained import token_bytes
+    from nexus_agent.turn.engine import respelled
+
+    tok = qwen_backends("llamacpp").tokenizer
+    tb = token_bytes(tok)
+    head = tok.encode("Call: ")
+    pieces = ['{"', "city", '":"', "Par", "is", '"}']  # as a grammar decodes them, not as the text encodes
+    held = head + [t for p in pieces for t in tok.encode(p)]
+    ids = head + tok.encode('{"city":"Paris"} and then Lyon')
+    assert ids[: len(held)] != held  # the same text, other tokens
+    out = respelled(held, ids, tb)
+    assert out[: len(held)] == held and tok.decode(out) == tok.decode(ids)
+    other = head + tok.encode('{"city":"Pau"} and then Lyon')  # other text: kept from where it differs
+    out = respelled(held, other, tb)
+    assert tok.decode(out) == tok.decode(other) and out[: len(head)] == head
+    assert respelled(held, ids, tb, start=len(ids)) == ids  # nothing before `start` is touched
+
+
+def test_the_next_request_reuses_the_call_it_sends_back(qwen_backends, router):
+    """A client sends the call back as it got it (the arguments' text) with its result: the template shows that
+    text (`JsonText`), and the context's own tokens for it are kept (`respelled`), so the next decision prefills
+    from the result on."""
+    from nexus_agent.trace import Trace
+
+    backend = qwen_backends("llamacpp")
+    trace = Trace()
+    live = LiveContext(backend, None, 4096, trace=trace)
+    decider = Decider(backend, DecideProfile(mode="model"))
+    try:
+        messages = [{"role": "user", "content": "What time is it in Europe/Paris?"}]
+        turn = decide_turn(decider, router, TOOLS, messages, lambda ids: live, 4096)
+        assert turn.decision.kind == "call", turn.decision
+        call = turn.decision.calls[0]
+        held = len(live.ids)
+        messages += [{"role": "assistant", "content": None, "tool_calls": [
+                         {"id": "c1", "type": "function", "function": {"name": call.name, "arguments": call.text}}]},
+                     {"role": "tool", "tool_call_id": "c1", "content": '{"datetime": "2026-12-06T14:02:00+01:00"}'},
+                     {"role": "user", "content": "And in Asia/Tokyo?"}]
+        n = len(trace.of("memory"))
+        decide_turn(decider, router, TOOLS, messages, lambda ids: live, 4096)
+        first = trace.of("memory")[n]
+        assert first["reused"] >= held - 2, (first, held)  # all but the call's closer tokens
+    finally:
+        live.close()
+
+
+def test_a_call_sent_back_is_shown_as_its_text(qwen_backends):
+    from nexus_agent.openai_api import template_messages
+
+    tok = qwen_backends("llamacpp").tokenizer
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a":1,"b":[2,3]}'}}
+    msgs = template_messages([{"role": "user", "content": "hi"},
+                              {"role": "assistant", "content": None, "tool_calls": [call]}])
+    text = tok.apply_chat_template(msgs, add_generation_prompt=False)
+    assert '"arguments": {"a":1,"b":[2,3]}' in text, text
+    call["function"]["arguments"] = {"a": 1, "b": [2, 3]}  # an object, not text: the template's own JSON
+    text = tok.apply_chat_template(template_messages([{"role": "assistant", "content": None, "tool_calls": [call]}]),
+                                   add_generation_prompt=False)
+    assert '"arguments": {"a": 1, "b": [2, 3]}' in text, text

@@ -72,20 +72,21 @@ def generate_step(
     processors leave no token allowed (every logit -inf). So the session holds the prompt and every yielded
     token except the last one (all of them in the no-token-allowed case).
 
-    A processor's optional `ahead(tokens)` names tokens it will force or expects next (a copy planned whole, a
-    draft read from the request): they are fed with the token just sampled in one forward pass instead of one
-    decode each, and their logits are taken from it as each comes up (the processors still run on them, so a
-    token they do not pick is never kept: the fed tokens from it on are removed and decoding goes on from
-    there). A processor's optional `bind(view)` gets the `AheadView` of the session: the passes it runs of its
-    own go through it, so they see the session as holding exactly the tokens so far, and a pass over tokens
-    already fed ahead is read from their logits instead of being run again.
+    A processor's optional `ahead(tokens)` names tokens it will force or expects next (a copy planned whole, a draft
+    read from the request; the first processor's plan is taken, and one with `extends` set drafts on after it, asked
+    with the planned tokens as if taken): they are fed with the token just sampled in one forward pass instead of
+    one decode each, and their logits are taken from it as each comes up (the processors still run on them, so a
+    token they do not pick is never kept: the fed tokens from it on are removed and decoding goes on from there). A
+    processor's optional `bind(view)` gets the `AheadView` of the session: the passes it runs of its own go through
+    it, so they see the session as holding exactly the tokens so far, and a pass over tokens already fed ahead is
+    read from their logits instead of being run again.
     """
     if logits is None:
         logits = session.prefill(list(prompt))
     n0 = session.n_past
     out: list[int] = []
     enders = [p.finished for p in logits_processors if hasattr(p, "finished")]
-    planners = [p.ahead for p in logits_processors if hasattr(p, "ahead")]
+    planners = [p for p in logits_processors if hasattr(p, "ahead")]
     view = AheadView(session)  # `view.fed`: tokens in the session ahead of `out`; `view.rows`: the logits after each
     for p in logits_processors:
         if hasattr(p, "bind"):
@@ -118,7 +119,12 @@ def generate_step(
             continue
         if fed:  # the processors took another token: drop what was fed ahead
             trim(n0 + len(out) - 1)
-        ahead = next((a for a in (plan(out) for plan in planners) if a), [])
+        ahead: list[int] = []
+        for p in planners:  # the first plan; a planner that `extends` drafts on after it
+            if not ahead:
+                ahead = list(p.ahead(out))
+            elif getattr(p, "extends", False):
+                ahead += p.ahead(out + ahead)
         if ahead:
             block = session.forward_logits([token, *ahead])
             logits, view.rows, view.fed = block[0], list(block[1:]), list(ahead)

@@ -13,7 +13,9 @@ ranking passes for drafted values from the fed logits (`copying.CopyBias.bind`).
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Sequence
 
 import numpy as np
 
@@ -34,35 +36,48 @@ def variants(text: str) -> list[bytes]:
 
 
 class SourceDraft:
-    """Logits processor that changes no logits: its `ahead(tokens)` is the draft after `tokens` (module
-    docstring). `min_match`: bytes the arguments' end must share with the source; `max_tokens`: the longest
-    draft. A draft that is taken whole doubles the next one's length, one that is not sets it one past what was
-    taken (a token fed and not taken costs about a fifth of a pass); a place whose draft was refused at its
-    first token is not drafted from again; a drafted token the model wrote in two (`],[` as `],` and `[`) is
-    drafted as it wrote it from then on. Among places that end the same way, the one after the last draft's
-    end comes first (a list is copied in its order)."""
+    """Logits processor that changes no logits: its `ahead(tokens)` is the draft after `tokens` (module docstring),
+    also after the tokens the grammar forces or a copy plans (`extends`). `min_match`: bytes the arguments' end must
+    share with the source; `max_tokens`: the longest draft. A draft that is taken whole doubles the next one's
+    length, one that is not sets it one past what was taken (a token fed and not taken costs about a fifth of a
+    pass); a place whose draft was refused at its first token is not drafted from again; a drafted token the model
+    wrote in two (`],[` as `],` and `[`) is drafted as it wrote it from then on. Among places that end the same way,
+    the one after the last draft's end comes first (a list is copied in its order)."""
 
-    def __init__(self, tokenizer, sources: list[Source], min_match: int = 3, max_tokens: int = 16):
+    def __init__(self, tokenizer, sources: list[Source], min_match: int = 3, max_tokens: int = 16,
+                 earlier: Sequence[str] = ()):
         self.tokenizer = tokenizer
         self.tb = token_bytes(tokenizer)
         self.texts = [v for s in sources if s.text for v in variants(s.text)]
+        n_sources = len(self.texts)
+        self.texts += [t.encode("utf-8") for t in earlier if t]
         self.min_match, self.max_tokens = min_match, max_tokens
         self.length = 4  # the next draft's length: doubled after a draft taken whole, else one past what was taken
         self.written = b""
-        self.seen = 0
+        self.toks: list[int] = []  # the tokens the arguments' text was last followed through
+        self.ends = [0]  # the text's length after each of them
         self.pending: tuple[tuple[int, int], list[int], int] | None = None  # (place, draft, tokens seen then)
         self.refused: set[tuple[int, int]] = set()
-        self.last = (-1, 0)  # (source, byte) the last draft was taken up to
         self.splits: dict[int, list[int]] = {}  # a drafted token -> the tokens the model wrote it as
         self.drafted = 0  # drafts named
+        self.last = _after_earlier(self.texts[:n_sources], earlier)  # (source, byte) the last draft was taken to
         self.log: list[tuple[int, int]] = []  # (drafted, taken) per draft
+
+    extends = True
 
     def __call__(self, tokens: list[int], logits: np.ndarray) -> np.ndarray:
         return logits
 
     def _follow(self, tokens: list[int]) -> None:
-        for t in tokens[self.seen:]:
+        n = 0  # asked ahead of the tokens taken (`extends`), the tokens may differ from the last call's
+        while n < min(len(tokens), len(self.toks)) and tokens[n] == self.toks[n]:
+            n += 1
+        del self.toks[n:], self.ends[n + 1:]
+        self.written = self.written[: self.ends[-1]]
+        for t in tokens[n:]:
+            self.toks.append(t)
             self.written += self.tb[t] if t < len(self.tb) else b""
+            self.ends.append(len(self.written))
         if self.pending is not None:
             place, draft, at = self.pending
             if len(tokens) > at:
@@ -80,10 +95,11 @@ class SourceDraft:
                             mine[len(theirs):].decode("utf-8", "ignore"))]
                 self.log.append((len(draft), n))
                 self.length = min(2 * self.length, self.max_tokens) if n == len(draft) else max(2, n + 1)
-        self.seen = len(tokens)
 
     def _place(self) -> tuple[int, int] | None:
-        """(source, byte) right after the longest end of the arguments written that a source holds."""
+        """(source, byte) right after the longest end of the arguments written that a source holds; a shorter
+        end will do right after the place the last draft (or the turn's earlier calls) reached: the next
+        matrix's `[[`."""
         best, best_len = None, self.min_match - 1
         tail = self.written[-48:]
         for k, text in enumerate(self.texts):
@@ -94,6 +110,11 @@ class SourceDraft:
                     break
                 best, best_len = (k, p + n), n
                 n += 1
+        k, end = self.last
+        if best is None and k >= 0 and len(tail) >= 2:
+            p = self.texts[k].find(tail[-2:], end)
+            if p >= 0 and (k, p + 2) not in self.refused and p + 2 < len(self.texts[k]):
+                best = (k, p + 2)
         return best
 
     def _find(self, k: int, piece: bytes) -> int:
@@ -123,9 +144,31 @@ class SourceDraft:
         return draft
 
 
+def _after_earlier(texts: list[bytes], earlier: Sequence[str]) -> tuple[int, int]:
+    """(source, byte) after the furthest value of the turn's earlier calls (`earlier`: their arguments' JSON)
+    that a source holds, (-1, 0) for none: a further call copies on from there."""
+    best = (-1, 0)
+    for text in earlier:
+        try:
+            args = json.loads(text)
+        except ValueError:
+            continue
+        for v in (args.values() if isinstance(args, dict) else ()):
+            piece = _escaped(v) if isinstance(v, str) else json.dumps(v, separators=(",", ":")).encode()
+            if len(piece) < 2:
+                continue
+            for k, t in enumerate(texts):
+                p = t.find(piece)
+                if p >= 0 and p + len(piece) > best[1]:
+                    best = (k, p + len(piece))
+    return best
+
+
 def copy_processors(tokenizer, sources: list[Source], schema: dict, bias: float, session=None,
-                    drafts: bool = True) -> list:
+                    drafts: bool = True, earlier: Sequence[str] = ()) -> list:
     """The processors of copy-aware arguments after the grammar: the `CopyBias` (none at bias 0; ranking with
-    `session`), then, with `drafts`, the `SourceDraft` (last: a copy planned whole is fed ahead first)."""
+    `session`), then, with `drafts`, the `SourceDraft` (last: a copy planned whole is fed ahead first), which
+    also drafts from `earlier`, the arguments of the turn's earlier calls: a further call that repeats one is
+    decoded in a pass or two (and then dropped by the decider) instead of token by token."""
     out = [CopyBias(tokenizer, sources, schema, bias, session)] if bias else []
-    return out + ([SourceDraft(tokenizer, sources)] if drafts else [])
+    return out + ([SourceDraft(tokenizer, sources, earlier=earlier)] if drafts else [])

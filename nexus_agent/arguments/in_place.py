@@ -7,7 +7,7 @@ from the request and the turn's tool results (`copying.CopyBias`), then checked 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from nexus_agent.arguments.constrained import generate_json
 from nexus_agent.arguments.copy_sources import Source
@@ -18,14 +18,15 @@ from nexus_agent.arguments.drafts import copy_processors
 
 def decode_in_place(live, ids: list[int], logits, tool, sources: list[Source], max_tokens: int = 160,
                     copy_bias: float = DEFAULT_BIAS, on_token: Callable[[str], None] | None = None,
-                    extend_to: int | None = None, drafts: bool = True):
+                    extend_to: int | None = None, drafts: bool = True, earlier: Sequence[str] = ()):
     """(arguments or None, the problem, the JSON text, cut) for `tool`, decoded on `live` after `ids` (`logits`:
     the next-token logits there), wrapped up in `max_tokens` and going on to `extend_to` while the JSON is open
-    (`constrained.generate_json`); cut: it was still open there. The context then holds `ids` and the decoded
+    (`constrained.generate_json`); cut: it was still open there. `earlier`: the arguments of the turn's calls
+    so far, drafted from as the request is (`drafts.SourceDraft`). The context then holds `ids` and the decoded
     tokens."""
     schema = tool.input_schema or {"type": "object"}
     tok = live.backend.tokenizer
-    procs = copy_processors(tok, sources, schema, copy_bias, live.session, drafts)
+    procs = copy_processors(tok, sources, schema, copy_bias, live.session, drafts, earlier)
     res = generate_json(live.session, ids, schema, tok, max_tokens, on_token=on_token, logits=logits,
                         processors=procs, extend_to=extend_to)
     for t in res.tokens[: res.decoded]:

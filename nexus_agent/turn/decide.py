@@ -393,8 +393,12 @@ def request_values(request: str) -> int:
 
 def _values_left(request: str, earlier: list[Choice]) -> bool:
     """Whether a value of `request` is left that no call in `earlier` took: a further call that takes none of the
-    request's values could not act on a part of its own (`_new_part`), so it is not decoded."""
-    return bool(_value_words(request) - _taken(earlier))
+    request's values could not act on a part of its own (`_new_part`), so it is not decoded. A word of a called
+    tool's name is no value left ("an Uber" after `uber.ride` took every value)."""
+    from nexus_agent.arguments.copy_sources import name_words
+
+    named = {w for c in earlier for w in name_words(c.name)}
+    return bool(_value_words(request) - _taken(earlier) - named)
 
 
 def _new_part(args: dict | None, earlier: list[Choice], request: str) -> bool:

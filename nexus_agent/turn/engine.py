@@ -181,6 +181,7 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
 
     budget, larger = budgets(max_arg_tokens, limit)
     shown: list[bool] = []  # per call begun: did the caller show its pieces as they came
+    decoded: list[str] = []  # per call begun: its arguments as decoded in place
 
     def in_place(tool, live, at, logits):
         schema = tool.input_schema or {"type": "object"}
@@ -195,7 +196,8 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
                 if show(piece):
                     shown[index] = True
         args, problem, text, cut = decode_in_place(live, at, logits, tool, sources, budget, on_token=sink,
-                                                   extend_to=larger)
+                                                   extend_to=larger, earlier=list(decoded))
+        decoded.append(text)
         if args is None and fallback is not None and not shown[index]:  # its own prompt, the full schema
             res = fallback(tool, step, results, sources, limit=limit)
             args, problem = res.arguments, res.missing

@@ -242,6 +242,10 @@ def test_a_further_call_is_tried_only_while_a_value_of_the_request_is_left():
     assert _values_left(weather, [Choice("get_weather", {"city": "Paris"})])
     assert not _values_left(weather, [Choice("get_weather", {"city": "Paris"}), Choice("get_weather",
                                                                                        {"city": "London"})])
+    uber = "Tôi cần một chuyến xe Uber loại 'Plus' từ '2150 Shattuck Ave, Berkeley, CA', chờ tối đa 10 phút."
+    ride = {"loc": "2150 Shattuck Ave, Berkeley, CA", "time": 10, "type": "plus"}
+    assert not _values_left(uber, [Choice("uber.ride", ride)])  # "Uber" names the tool called, no value left
+    assert _values_left(uber, [Choice("taxi.ride", ride)])
 
 
 def test_a_request_counts_the_values_it_names_up_to_a_cap():

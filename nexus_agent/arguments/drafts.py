@@ -48,9 +48,15 @@ class SourceDraft:
                  earlier: Sequence[str] = ()):
         self.tokenizer = tokenizer
         self.tb = token_bytes(tokenizer)
-        self.texts = [v for s in sources if s.text for v in variants(s.text)]
+        self.texts, self.compact = [], []  # each source's variants; whether it is the compact one
+        for src in sources:
+            for i, v in enumerate(variants(src.text) if src.text else ()):
+                self.texts.append(v)
+                self.compact.append(i > 0)
         n_sources = len(self.texts)
-        self.texts += [t.encode("utf-8") for t in earlier if t]
+        self.earlier = [t.encode("utf-8") for t in earlier if t]
+        self.texts += self.earlier
+        self.compact += [False] * len(self.earlier)
         self.min_match, self.max_tokens = min_match, max_tokens
         self.length = 4  # the next draft's length: doubled after a draft taken whole, else one past what was taken
         self.written = b""
@@ -87,7 +93,8 @@ class SourceDraft:
                 n = 0
                 while at + n < len(tokens) and n < len(draft) and tokens[at + n] == draft[n]:
                     n += 1
-                self.last = (place[0], place[1] + sum(len(self.tb[t]) for t in draft[:n]))
+                if place[0] < len(self.texts) - len(self.earlier):  # a source's place, not an earlier call's
+                    self.last = (place[0], place[1] + sum(len(self.tb[t]) for t in draft[:n]))
                 if n < len(draft) and at + n < len(tokens):  # the model split a drafted token: `],` then `[`
                     mine, theirs = self.tb[draft[n]], self.tb[tokens[at + n]]
                     if len(theirs) < len(mine) and mine.startswith(theirs):
@@ -100,15 +107,23 @@ class SourceDraft:
         """(source, byte) right after the longest end of the arguments written that a source holds; a shorter
         end will do right after the place the last draft (or the turn's earlier calls) reached: the next
         matrix's `[[`."""
-        best, best_len = None, self.min_match - 1
+        n_src = len(self.texts) - len(self.earlier)
+        for j, text in enumerate(self.earlier):  # an earlier call this one repeats so far: its rest
+            k = n_src + j
+            if len(text) > len(self.written) and text.startswith(self.written) and \
+                    (k, len(self.written)) not in self.refused:
+                return k, len(self.written)
+        best, best_len, best_pref = None, self.min_match - 1, False
         tail = self.written[-48:]
-        for k, text in enumerate(self.texts):
-            n = best_len + 1
+        in_string = len(re.findall(rb'(?<!\\)"', self.written)) % 2 == 1
+        for k in range(n_src):
+            pref = self.compact[k] != in_string  # a list as compact JSON writes it; a string's words as written
+            n = best_len + (0 if best is not None and pref and not best_pref else 1)
             while n <= len(tail):
                 p = self._find(k, tail[-n:])
                 if p < 0:
                     break
-                best, best_len = (k, p + n), n
+                best, best_len, best_pref = (k, p + n), n, pref
                 n += 1
         k, end = self.last
         if best is None and k >= 0 and len(tail) >= 2:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from nexus_agent.arguments.constrained import generate_json
 from nexus_agent.arguments.copy_sources import Source, name_words, names_word, numbers_in, value_sources
 from nexus_agent.arguments.copying import CopyBias
+from nexus_agent.arguments.drafts import copy_processors
 from nexus_agent.arguments.json_cursor import JsonCursor
 from nexus_agent.prompts import argument_messages
 
@@ -72,7 +73,7 @@ def _decode(backend, schema, request, sources=None, bias=4.0, results=None, sig=
     sources = sources if sources is not None else [Source("request", request)]
     s = backend.new_session(2048)
     try:
-        procs = [CopyBias(tok, sources, schema, bias, session=s)] if bias else []  # the agent's setting: ranked
+        procs = copy_processors(tok, sources, schema, bias, s) if bias else []  # the agent's: ranked, drafted
         r = generate_json(s, ids, schema, tok, 96, processors=procs)
     finally:
         s.close()

@@ -135,23 +135,27 @@ def generate_step(
 class AheadView:
     """The session as a processor's own passes see it inside `generate_step`: holding the prompt and the tokens
     so far, not the tokens fed ahead of them. A pass over a prefix of the fed tokens returns their logits
-    without running; any other pass first drops what was fed (the loop then decodes on from its own token).
-    `served` / `dropped` count both cases."""
+    without running; any other pass first drops what was fed (the loop then decodes on from its own token)."""
 
     def __init__(self, session: Session):
         self.session = session
         self.fed: list[int] = []
         self.rows: list[np.ndarray] = []
-        self.served = self.dropped = 0
 
     @property
     def n_past(self) -> int:
         return self.session.n_past - len(self.fed)
 
+    def fed_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens`, from the first, are fed ahead already (their logits free)."""
+        n = 0
+        while n < min(len(tokens), len(self.fed)) and tokens[n] == self.fed[n]:
+            n += 1
+        return n
+
     def forward_logits(self, tokens: Sequence[int]) -> np.ndarray:
         tokens = list(tokens)
-        if tokens and tokens == self.fed[: len(tokens)]:
-            self.served += 1
+        if tokens and self.fed_prefix(tokens) == len(tokens):
             return np.stack(self.rows[: len(tokens)])
         self.drop()
         return self.session.forward_logits(tokens)
@@ -164,7 +168,6 @@ class AheadView:
 
     def drop(self) -> None:
         if self.fed:
-            self.dropped += 1
             self.session.remove(self.n_past, self.session.n_past)
             self.fed, self.rows = [], []
 

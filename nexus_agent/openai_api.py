@@ -269,6 +269,8 @@ def template_messages(messages: list[dict]) -> list[dict]:
     """The messages as chat templates with a tools section take them (Hugging Face's convention): developer ->
     system, an assistant's tool calls with their arguments as objects (rendered as the text they were sent as),
     tool results as role "tool"."""
+    from native.tokenizer import JsonText
+
     out = []
     for m in messages:
         m = dict(m, role="system") if m["role"] == "developer" else dict(m)
@@ -283,8 +285,6 @@ def template_messages(messages: list[dict]) -> list[dict]:
                 else:  # an object: shown as the text it was sent as (`JsonText`)
                     text = c["function"].get("arguments")
                     if isinstance(args, dict) and isinstance(text, str) and text.strip() == text:
-                        from native.tokenizer import JsonText
-
                         args = JsonText(args, text)
                 calls.append({**c, "function": {**c["function"], "arguments": args}})
             m["tool_calls"] = calls

@@ -236,22 +236,22 @@ class Engine:
             return
         if not shown:
             emit(("start",))
-        calls = [(c.name, c.arguments, c.text if c.streamed else None, c.problem, c.text) for c in decision.calls]
+        calls = [(c.name, c.arguments, c.text, c.streamed, c.problem) for c in decision.calls]
         self._finish_calls(calls, emit, len(ids), 0)
 
     def _finish_calls(self, calls: list[tuple], emit, n_prompt: int, n_out: int) -> None:
-        """Send the calls not streamed yet and the finish. `calls`: (name, arguments or None, the text already
-        streamed or None, the miss in words, the text decoded: sent as it is where it holds the arguments, so
-        that the next request shows the model the tokens its context holds). Calls that missed are left out;
-        with none left the reply is the text answer naming the missing value (`arguments.decoder.miss_answer`),
-        with finish_reason "length" when a streamed call's arguments were left open (the client holds them cut,
-        as OpenAI sends a cut call)."""
+        """Send the calls not streamed yet and the finish. `calls`: (name, arguments or None, the text decoded, whether
+        that text was streamed already, the miss in words); a call not streamed is sent as its decoded text
+        where that holds its arguments, so that the next request shows the model the tokens its context holds.
+        Calls that missed are left out; with none left the reply is the text answer naming the missing value
+        (`arguments.decoder.miss_answer`), with finish_reason "length" when a streamed call's arguments were
+        left open (the client holds them cut, as OpenAI sends a cut call)."""
         from nexus_agent.arguments.decoder import miss_answer
 
         index, misses, open_call = 0, [], False
-        for name, arguments, streamed, problem, decoded in calls:
-            if streamed is not None:
-                n_out += len(self.tok.encode(streamed))
+        for name, arguments, decoded, streamed, problem in calls:
+            if streamed:
+                n_out += len(self.tok.encode(decoded))
                 index += 1
                 if arguments is None:
                     misses.append((name, problem))
@@ -297,7 +297,7 @@ class Engine:
             sources = [Source("request", step)] + [Source("observation", r) for r in results]
             res = self.decoder.decode(tool, step, results, sources, on_piece if req.stream else None, req.max_tokens)
             n_prompt += res.prompt_tokens
-            done.append((tool.name, res.arguments, res.text if res.streamed else None, res.missing, res.text))
+            done.append((tool.name, res.arguments, res.text, res.streamed, res.missing))
         self._finish_calls(done, emit, n_prompt, 0)
 
     def _context(self, ids: list[int]):

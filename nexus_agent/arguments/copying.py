@@ -346,8 +346,8 @@ class CopyBias:
                 if self.prune:
                     break
                 continue
-            fed = getattr(self.session, "fed", [])  # tokens fed ahead (a draft): their logits are free
-            served = next((m for m in range(len(toks), 0, -1) if toks[:m] == fed[:m]), 0)
+            fed_prefix = getattr(self.session, "fed_prefix", None)  # a draft fed ahead: its logits are free
+            served = fed_prefix(toks) if fed_prefix is not None else 0
             passed = toks[:served] if n <= served < len(toks) else toks  # a free partial pass may settle it
             rows = self.session.forward_logits(passed)
             self.session.remove(n0, self.session.n_past)

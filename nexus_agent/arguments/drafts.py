@@ -53,10 +53,9 @@ class SourceDraft:
             for i, v in enumerate(variants(src.text) if src.text else ()):
                 self.texts.append(v)
                 self.compact.append(i > 0)
-        n_sources = len(self.texts)
+        self.n_src = len(self.texts)  # the earlier calls' texts follow the sources' (their places k >= n_src)
         self.earlier = [t.encode("utf-8") for t in earlier if t]
         self.texts += self.earlier
-        self.compact += [False] * len(self.earlier)
         self.min_match, self.max_tokens = min_match, max_tokens
         self.length = 4  # the next draft's length: doubled after a draft taken whole, else one past what was taken
         self.written = b""
@@ -66,7 +65,7 @@ class SourceDraft:
         self.refused: set[tuple[int, int]] = set()
         self.splits: dict[int, list[int]] = {}  # a drafted token -> the tokens the model wrote it as
         self.drafted = 0  # drafts named
-        self.last = _after_earlier(self.texts[:n_sources], earlier)  # (source, byte) the last draft was taken to
+        self.last = _after_earlier(self.texts[: self.n_src], earlier)  # (source, byte) the last draft was taken to
         self.log: list[tuple[int, int]] = []  # (drafted, taken) per draft
 
     extends = True
@@ -93,7 +92,7 @@ class SourceDraft:
                 n = 0
                 while at + n < len(tokens) and n < len(draft) and tokens[at + n] == draft[n]:
                     n += 1
-                if place[0] < len(self.texts) - len(self.earlier):  # a source's place, not an earlier call's
+                if place[0] < self.n_src:  # a source's place, not an earlier call's
                     self.last = (place[0], place[1] + sum(len(self.tb[t]) for t in draft[:n]))
                 if n < len(draft) and at + n < len(tokens):  # the model split a drafted token: `],` then `[`
                     mine, theirs = self.tb[draft[n]], self.tb[tokens[at + n]]
@@ -107,16 +106,15 @@ class SourceDraft:
         """(source, byte) right after the longest end of the arguments written that a source holds; a shorter
         end will do right after the place the last draft (or the turn's earlier calls) reached: the next
         matrix's `[[`."""
-        n_src = len(self.texts) - len(self.earlier)
         for j, text in enumerate(self.earlier):  # an earlier call this one repeats so far: its rest
-            k = n_src + j
+            k = self.n_src + j
             if len(text) > len(self.written) and text.startswith(self.written) and \
                     (k, len(self.written)) not in self.refused:
                 return k, len(self.written)
         best, best_len, best_pref = None, self.min_match - 1, False
         tail = self.written[-48:]
         in_string = len(re.findall(rb'(?<!\\)"', self.written)) % 2 == 1
-        for k in range(n_src):
+        for k in range(self.n_src):
             pref = self.compact[k] != in_string  # a list as compact JSON writes it; a string's words as written
             n = best_len + (0 if best is not None and pref and not best_pref else 1)
             while n <= len(tail):

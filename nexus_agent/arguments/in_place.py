@@ -18,7 +18,7 @@ from nexus_agent.arguments.drafts import copy_processors
 
 def decode_in_place(live, ids: list[int], logits, tool, sources: list[Source], max_tokens: int = 160,
                     copy_bias: float = DEFAULT_BIAS, on_token: Callable[[str], None] | None = None,
-                    extend_to: int | None = None, drafts: bool = True, earlier: Sequence[str] = ()):
+                    extend_to: int | None = None, earlier: Sequence[str] = ()):
     """(arguments or None, the problem, the JSON text, cut) for `tool`, decoded on `live` after `ids` (`logits`:
     the next-token logits there), wrapped up in `max_tokens` and going on to `extend_to` while the JSON is open
     (`constrained.generate_json`); cut: it was still open there. `earlier`: the arguments of the turn's calls
@@ -26,7 +26,7 @@ def decode_in_place(live, ids: list[int], logits, tool, sources: list[Source], m
     tokens."""
     schema = tool.input_schema or {"type": "object"}
     tok = live.backend.tokenizer
-    procs = copy_processors(tok, sources, schema, copy_bias, live.session, drafts, earlier)
+    procs = copy_processors(tok, sources, schema, copy_bias, live.session, earlier=earlier)
     res = generate_json(live.session, ids, schema, tok, max_tokens, on_token=on_token, logits=logits,
                         processors=procs, extend_to=extend_to)
     for t in res.tokens[: res.decoded]:

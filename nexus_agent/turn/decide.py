@@ -29,6 +29,7 @@ import numpy as np
 
 from nexus_agent.turn.call_format import CallFormat, probe_call_format
 from nexus_agent.turn.profile import DecideProfile
+from nexus_agent.turn.retrieval import steps_left
 
 MAX_PARALLEL = 4
 VALUES_CAP = 1  # a request's value words counted for the call-or-text decision, at most: whether it names one (a
@@ -185,7 +186,7 @@ class Decider:
     def decide(self, live, ids: list[int], candidates: list[Candidate], top1: float, margin: float,
                arguments: Callable, tool_choice: str | None = "auto", parallel: bool = False,
                spans: list[tuple[int, int]] = (), request: str = "", made: set[str] = frozenset(),
-               beside: Callable[[], Iterable[list[int]]] | None = None) -> tuple:
+               beside: Callable[[], Iterable[list[int]]] | None = None, steps: list[list[str]] = ()) -> tuple:
         """Decide on `live` after the prompt `ids` (`self.prompt(messages, candidates)`, with the candidates'
         `spans` spliced from their blocks when the decider has `blocks`; `request`: the user's words, whose
         values weigh for a call (`request_values`) and which parallel calls divide among themselves; `made`: the
@@ -196,7 +197,11 @@ class Decider:
         the decision is text. `beside()`: prompts of the same candidates for conversations beside this one
         (`engine.readings`: the last exchange alone, the conversation without its prose); where this prompt's
         reading decides text and the backend can read theirs beside it (`p_call_beside`), p_call is the largest
-        (`reading`: which one, 0 for this prompt's) and one that decides a call ends the reading."""
+        (`reading`: which one, 0 for this prompt's) and one that decides a call ends the reading. `steps`: for a
+        request in steps, each step's first candidates (`retrieval.Retrieved.steps`): a further call chooses
+        among those of the steps no call took yet (`retrieval.steps_left`), where any is shown (after the time
+        step's call the 0.5B Qwen weighed `git_status` 0.03 nats above `git_log` for "then show the last 2
+        commits of the repository at ...", a tool the step's retrieval ranks below its first three)."""
         t0 = time.perf_counter()
         prompt = ids
         if self.blocks is not None and spans and live.manager is None:
@@ -232,7 +237,8 @@ class Decider:
         while True:
             ids = ids + self.opener
             logits = live.prefill(ids)
-            name, lps, ids, logits = self._name(live, ids, logits, pool)
+            left = {n for s in steps_left(list(steps), [m.name for m in d.calls]) for n in s} if d.calls else set()
+            name, lps, ids, logits = self._name(live, ids, logits, [c for c in pool if c.name in left] or pool)
             if not d.calls:
                 d.decide_ms = (time.perf_counter() - t0) * 1e3
                 d.name_logprobs = lps

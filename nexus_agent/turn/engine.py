@@ -209,7 +209,7 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
     live = context(ids)
     ids = respelled(live.ids, ids, token_bytes(decider.tok), max((e for _, e in spans), default=0))
     decision, held, logits = decider.decide(live, ids, cands, d.score, d.margin, arguments or in_place,
-                                            tool_choice, parallel, spans, step, made, beside)
+                                            tool_choice, parallel, spans, step, made, beside, d.steps)
     if decision.kind == "call":
         live.ids = held[: live.session.n_past]
         if shown and shown[0] and decision.calls:

@@ -10,7 +10,8 @@ A request in steps ("What time is it in Tokyo? Then show the last 3 commits") is
 the whole request's, the gate's margin does not make the turn sure of one tool: its path becomes "rerank", so the
 model is shown the top k (`DecideProfile.shown`) and not the whole request's pick alone. The pick of each step the
 gate is sure of is among those k (`make_room`); an unsure step's pick is not forced in (shown, the time step's
-near-tie `convert_time` drew a wrong call).
+near-tie `convert_time` drew a wrong call). Each step's own first few candidates are kept (`Retrieved.steps`): a
+further call of the turn chooses among those of the steps no earlier call took (`steps_left`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from slb.router import RouteDecision
 
 RESULT_CHARS = 200
 MAX_STEPS = 8  # steps routed apart; the tail stays in the last one
+STEP_K = 3  # candidates kept per step for a further call
 
 _STEP_SPLIT = re.compile(r"\s*(?:;\s*(?:and\s+)?(?:then\s+)?|,?\s+and then\s+"
                          r"|,?\s+then\s+|[.?!]\s+then\s+)\s*", re.IGNORECASE)
@@ -58,6 +60,7 @@ class Retrieved(RouteDecision):
     conversation eval's second turn called the first turn's `avg_closing_price`)."""
 
     own: dict[str, float] = field(default_factory=dict)
+    steps: list[list[str]] = field(default_factory=list)  # per step of a request in steps: its first STEP_K names
 
 
 def retrieve(router, messages: list[dict], k: int = 5) -> Retrieved:
@@ -83,8 +86,20 @@ def retrieve(router, messages: list[dict], k: int = 5) -> Retrieved:
             decision = replace(decision, path="rerank")
         picks = [p.candidates[0] for p in parts if p.path == "auto"]
         own = {**decision.own, **{c[0]: max(c[1], decision.own.get(c[0], c[1])) for c in picks}}  # its step's
-        decision = replace(decision, candidates=make_room(decision.candidates, picks, decision.tool, k), own=own)
+        decision = replace(decision, candidates=make_room(decision.candidates, picks, decision.tool, k), own=own,
+                           steps=[[c[0] for c in p.candidates[:STEP_K]] for p in parts])
     return decision
+
+
+def steps_left(steps: list[list[str]], called: list[str]) -> list[list[str]]:
+    """The steps (each its candidate names) that no call of `called` took: a call takes the step, not taken yet,
+    where its tool ranks best (earliest step on a tie); a tool among no step's candidates takes none."""
+    left = list(range(len(steps)))
+    for name in called:
+        at = [(s.index(name), i) for i in left for s in [steps[i]] if name in s]
+        if at:
+            left.remove(min(at)[1])
+    return [steps[i] for i in left]
 
 
 def make_room(cands: list[tuple], picks: list[tuple], tool: str | None, k: int) -> list[tuple]:

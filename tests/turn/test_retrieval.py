@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from nexus_agent.turn.retrieval import make_room, retrieve, split_steps, turn_queries
+from nexus_agent.turn.retrieval import make_room, retrieve, split_steps, steps_left, turn_queries
 from registry.model import Tool
 
 TOOLS = [Tool.from_mcp({"name": n, "description": d, "inputSchema": {"type": "object", "properties": p}})
@@ -69,6 +69,17 @@ def test_a_name_is_weighed_by_its_score_for_the_last_message(router):
         assert {c.name: c.score for c in shown} == {c.name: own[c.name] for c in shown}
 
 
+def test_a_call_takes_the_step_where_its_tool_ranks_best():
+    steps = [["convert_time", "get_current_time", "git_log"], ["git_log", "git_show", "git_commit"]]
+    assert steps_left(steps, []) == steps
+    assert steps_left(steps, ["get_current_time"]) == steps[1:]
+    assert steps_left(steps, ["git_log"]) == steps[:1]  # first in the second step, third in the first
+    assert steps_left(steps, ["git_log", "git_log"]) == []  # the second call takes the step left
+    assert steps_left(steps, ["git_status"]) == steps  # among no step's candidates: takes none
+    same = [["a", "b"], ["a", "b"]]
+    assert steps_left(same, ["a"]) == same[1:] and steps_left(same, ["a", "b"]) == []
+
+
 def test_make_room_shows_each_pick_in_the_first_k():
     cands = [(n, 1.0 - i / 10) for i, n in enumerate("abcdef")]
     assert make_room(cands, [("b", 0.5)], "a", 3) == cands  # shown already: stays where it is
@@ -91,6 +102,8 @@ def test_a_request_in_steps_is_not_one_tool_the_gate_is_sure_of(router):
     assert got.path == "rerank" and got.tool == "play_music"  # the model sees the top k, not the pick alone
     assert {c[0] for c in got.candidates[:2]} == {"play_music", "send_email"}, got.candidates
     assert got.score == whole.score and got.margin == whole.margin
+    assert [s[0] for s in got.steps] == ["send_email", "play_music"] and all(len(s) == 3 for s in got.steps)
+    assert steps_left(got.steps, ["play_music"]) == got.steps[:1]  # a further call chooses among the email step's
 
     one = "Play the song Yesterday by the Beatles"
     alone = router.route(one)

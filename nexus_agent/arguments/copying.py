@@ -463,8 +463,8 @@ class CopyBias:
                 self._rank(logits, prefix, sub, ids)
                 if self.plan:
                     return self._force(logits)
-        if not ids and not closes:
-            return logits
+        if not ids and not closes:  # a literal or number the model wrote itself may end here: one more key?
+            return self.keys.closer_tilt(logits.copy(), self.close_num, tilt=False) if _complete(prefix) else logits
         boost = np.zeros(len(logits), dtype=bool)
         if ids:
             boost[[i for i in ids if i < len(logits)]] = True
@@ -474,6 +474,14 @@ class CopyBias:
         self.boosted += 1
         out = np.where(boost, logits + self.bias, logits)
         return self.keys.closer_tilt(out, self.close_str if prefix[:1] == b'"' else self.close_num) if closes else out
+
+
+_COMPLETE = re.compile(rb"true|false|null|-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+
+
+def _complete(prefix: bytes) -> bool:
+    """Whether `prefix` (a value being written outside a string) is a whole JSON literal or number."""
+    return _COMPLETE.fullmatch(prefix) is not None
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

@@ -6,6 +6,10 @@ for music"). `KeyChoice` tilts that choice for `CopyBias`: in an empty object to
 puts its main parameter first); later toward the first key left that is required or that the request names
 (`named`); with none such and no value of the request left untaken (`leftover`), toward closing the object.
 A value's closer often carries the comma (`",`): the choice to go on is then made there (`closer_tilt`).
+
+Once no value of the request is left untaken, the tilts become rules: the next key is one the request names
+(or a required one), and with none left the object closes. A key the request neither names nor gives a value
+for is what a small model invents (`"sub_district_name": "1"`), and each costs a dozen tokens.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from nexus_agent.arguments.json_cursor import JsonCursor, json_types, schema_at
 from nexus_agent.arguments.span_priors import JOINER_TEXT, taken
 
 KEY_BIAS = 2.0  # logits on the tokens of the key chosen next
+RULE = 1e4  # logits: where nothing of the request is left to write, the key chosen or the close is a rule
 
 
 class KeyChoice:
@@ -35,7 +40,8 @@ class KeyChoice:
                  comma: np.ndarray, bias: float):
         self.schema, self.cursor, self.request, self.texts, self.used = schema, cursor, request, texts, used
         self.index, self.close_obj, self.comma, self.bias = index, close_obj, comma, bias
-        self.request_words = [w for w in request.split() if w.strip(",.;:?!'\"()") not in JOINER_TEXT]
+        self.request_words = [w for w in re.split(r"[\s/-]+", request)  # "four-star" names star_rating
+                              if w and w.strip(",.;:?!'\"()") not in JOINER_TEXT]
 
     def named(self, key: str, sub: dict) -> bool:
         """Whether the request gives evidence for parameter `key`: a word of it names the key (`names_word`),
@@ -49,15 +55,21 @@ class KeyChoice:
         return [k for k in remaining
                 if k in required or self.named(k, props[k] if isinstance(props[k], dict) else {})]
 
+    def after(self, props: dict) -> list[str]:
+        """The keys of `props` that may still be written: those after the last one written (the grammar writes
+        keys in the schema's order)."""
+        keys, written = list(props), self.cursor.keys_written()
+        last = max((keys.index(k) for k in written if k in props), default=-1)
+        return keys[last + 1:]
+
     def left(self, want) -> list[str]:
-        """The keys of the object being written not written yet whose JSON types satisfy `want(types)`."""
+        """The keys of the object being written that may still be written whose JSON types satisfy
+        `want(types)`."""
         path = self.cursor.path()
         props = schema_at(self.schema, path[:-1]).get("properties") if path and path[-1] != "[]" else None
         if not isinstance(props, dict):
             return []
-        written = self.cursor.keys_written()
-        return [k for k, v in props.items()
-                if k not in written and want(json_types(v if isinstance(v, dict) else {}))]
+        return [k for k in self.after(props) if want(json_types(props[k] if isinstance(props[k], dict) else {}))]
 
     def leftover(self) -> bool:
         """Whether the request still holds a value no copy has taken that a key left could take: a number (for
@@ -86,20 +98,23 @@ class KeyChoice:
         props = obj.get("properties")
         if not isinstance(props, dict):
             return False
-        written = self.cursor.keys_written()
-        return not self.wanted(obj, [k for k in props if k not in written]) and not self.leftover()
+        return not self.wanted(obj, self.after(props)) and not self.leftover()
 
-    def closer_tilt(self, out: np.ndarray, closers: np.ndarray) -> np.ndarray:
-        """+bias (the request's evidence against one more key) on the value closers without a comma when
-        `ends_object`: a `"}` closer is then preferred to `",`."""
+    def closer_tilt(self, out: np.ndarray, closers: np.ndarray, tilt: bool = True) -> np.ndarray:
+        """When `ends_object`: +bias (the request's evidence against one more key; not with `tilt` False, for a
+        value the model writes itself, which may go on) on the value closers without a comma, and the closers
+        with one ruled out: a `"}` closer is then preferred to `",`, and the value may still go on."""
         if self.ends_object():
             n = min(len(out), len(closers))
-            out[:n] = np.where(closers[:n] & ~self.comma[:n], out[:n] + self.bias, out[:n])
+            if tilt:
+                out[:n] = np.where(closers[:n] & ~self.comma[:n], out[:n] + self.bias, out[:n])
+            out[:n] = np.where(closers[:n] & self.comma[:n], out[:n] - RULE, out[:n])
         return out
 
     def __call__(self, logits: np.ndarray) -> np.ndarray:
         """At an object key with a choice, +KEY_BIAS on the tokens of the key chosen (module docstring), or
-        +bias on the object's closers when nothing the request asks for is left."""
+        the object's closers when nothing the request asks for is left; both as rules (`RULE`) once the
+        request has no value left untaken."""
         kp = b"" if self.cursor.member_done() else self.cursor.key_prefix()
         if kp is None:
             return logits
@@ -108,7 +123,7 @@ class KeyChoice:
         if not isinstance(props, dict):
             return logits
         written = self.cursor.keys_written()
-        remaining = [k for k in props if k not in written]
+        remaining = self.after(props)
         if not remaining:
             return logits
         wanted = self.wanted(obj, remaining)
@@ -116,16 +131,18 @@ class KeyChoice:
         boost = np.zeros(len(logits), dtype=bool)
         if self.cursor.member_done() and target is not None:
             return logits  # a `,` and then that key: tilted when its key starts
-        if target is None:  # nothing the request asks for is left: tilt toward closing
+        if target is None:  # nothing the request asks for is left: close
             if kp or self.leftover():
                 return logits
             n = min(len(logits), len(self.close_obj))
             boost[:n] = self.close_obj[:n]
-            return np.where(boost, logits + self.bias, logits)
+            return np.where(boost, logits + RULE, logits)
         full = b'"' + _escaped(target) + b'": '
         if not full.startswith(kp) or len(full) == len(kp):
             return logits
         rest = full[len(kp):]
         for n in range(1, min(MAX_TOKEN_BYTES, len(rest)) + 1):
             boost[[i for i in self.index.get(rest[:n], ()) if i < len(logits)]] = True
-        return np.where(boost, logits + KEY_BIAS, logits) if boost.any() else logits
+        if not boost.any():
+            return logits
+        return np.where(boost, logits + (KEY_BIAS if not written or self.leftover() else RULE), logits)

@@ -205,6 +205,27 @@ def test_optional_keys_the_request_does_not_name_are_left_out(llamacpp_backend):
         "query": "music", "tag": "work"}
 
 
+CLEANERS = {"type": "object", "properties": {
+    "available_for_pet": {"type": "boolean", "default": False}, "avg_rating": {"type": "number"},
+    "district_name": {"type": "string"}, "end_date": {"type": "string"},
+    "has_quality_problem": {"type": "boolean", "default": False}, "is_cleaning_home": {"type": "boolean"},
+    "job_qty": {"type": "integer"}, "max_age": {"type": "integer"}, "sub_district_name": {"type": "string"}}}
+
+
+@pytest.mark.parametrize("backend_name", ["llamacpp-smollm2", "llamacpp-qwen"])
+def test_no_key_is_written_that_the_request_neither_names_nor_gives_a_value_for(llamacpp_backend, qwen_backends,
+                                                                                backend_name):
+    """Nine optional keys; the request names a rating (with its number), cleaning and a city. Once its values
+    are taken, the keys it says nothing about are not written (both models had filled every key)."""
+    backend = llamacpp_backend if backend_name.endswith("smollm2") else qwen_backends("llamacpp")
+    sig = ("find_cleaners(available_for_pet?, avg_rating?, district_name?, end_date?, has_quality_problem?, "
+           "is_cleaning_home?, job_qty?, max_age?, sub_district_name?) — professionals matching criteria")
+    value = _decode(backend, CLEANERS, "find good reputation professional cleaning in Bangkok with higher than 4 "
+                    "rating", sig=sig)
+    assert value.get("avg_rating") == 4, value
+    assert not set(value) & {"end_date", "has_quality_problem", "job_qty", "max_age"}, value
+
+
 def test_bias_off_is_plain_constrained_decoding(llamacpp_backend):
     """Bias 0 adds no processor: the output equals a decode without CopyBias at all."""
     tok = llamacpp_backend.tokenizer

@@ -70,7 +70,8 @@ class Decision:
     (`request_values`); calls: in order; candidates: the names shown, `scores` the router's for them,
     `top1`/`margin` its evidence; prompt_tokens; spliced: candidate blocks spliced; splice_fallback: why a block
     went in as text (the backend refused it); prefill_ms: the prompt into the context; decide_ms: prompt to decision
-    (call or text, and the first name); call_ms: to the complete calls (arguments included)."""
+    (call or text, and the first name); call_ms: to the complete calls (arguments included); drafts: per call begun
+    in place, the tokens drafts of copied values fed ahead and the tokens of them the decode kept."""
 
     kind: str
     how: str
@@ -90,6 +91,7 @@ class Decision:
     decide_ms: float = 0.0
     call_ms: float = 0.0
     name_logprobs: dict = field(default_factory=dict)
+    drafts: list = field(default_factory=list)  # per call begun in place: (tokens drafts fed ahead, kept)
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "how": self.how, "calls": [c.name for c in self.calls],
@@ -98,7 +100,7 @@ class Decision:
                 "candidates": self.candidates,
                 "prompt_tokens": self.prompt_tokens, "spliced": self.spliced, "splice_fallback": self.splice_fallback,
                 "prefill_ms": round(self.prefill_ms, 1), "decide_ms": round(self.decide_ms, 1),
-                "call_ms": round(self.call_ms, 1)}
+                "call_ms": round(self.call_ms, 1), "drafts": [list(x) for x in self.drafts]}
 
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:

@@ -182,6 +182,7 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
     budget, larger = budgets(max_arg_tokens, limit)
     shown: list[bool] = []  # per call begun: did the caller show its pieces as they came
     decoded: list[str] = []  # per call begun: its arguments as decoded in place
+    drafts: list[tuple[int, int]] = []  # per call begun: tokens drafts fed ahead, and of them kept
 
     def in_place(tool, live, at, logits):
         schema = tool.input_schema or {"type": "object"}
@@ -195,9 +196,11 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
             def sink(piece: str) -> None:
                 if show(piece):
                     shown[index] = True
-        args, problem, text, cut = decode_in_place(live, at, logits, tool, sources, budget, on_token=sink,
-                                                   extend_to=larger, earlier=list(decoded))
+        r = decode_in_place(live, at, logits, tool, sources, budget, on_token=sink, extend_to=larger,
+                            earlier=list(decoded))
+        args, problem, text, cut = r.arguments, r.problem, r.text, r.cut
         decoded.append(text)
+        drafts.append((r.fed, r.kept))
         if args is None and fallback is not None and not shown[index]:  # its own prompt, the full schema
             res = fallback(tool, step, results, sources, limit=limit)
             args, problem = res.arguments, res.missing
@@ -210,6 +213,7 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
     ids = respelled(live.ids, ids, token_bytes(decider.tok), max((e for _, e in spans), default=0))
     decision, held, logits = decider.decide(live, ids, cands, d.score, d.margin, arguments or in_place,
                                             tool_choice, parallel, spans, step, made, beside, d.steps)
+    decision.drafts = drafts
     if decision.kind == "call":
         live.ids = held[: live.session.n_past]
         if shown and shown[0] and decision.calls:

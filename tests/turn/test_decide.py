@@ -501,6 +501,8 @@ def test_a_matrix_the_request_writes_is_copied_whole_in_place(qwen_backends, tmp
     assert d.kind == "call" and d.calls[0].name == "mat_mul", d
     assert d.calls[0].arguments == {"matA": [[1, 2, 3], [4, 5, 6], [7, 8, 9]],
                                     "matB": [[10, 11, 12], [13, 14, 15], [16, 17, 18]]}, d.calls
+    fed, kept = d.drafts[0]  # the first call's copied matrices were drafted: the trace's decide event says how much
+    assert 0 < kept <= fed and d.as_dict()["drafts"][0] == [fed, kept], d.drafts
 
 
 def test_respelled_keeps_the_tokens_the_context_holds_for_the_same_text(qwen_backends):

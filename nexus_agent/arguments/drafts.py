@@ -64,7 +64,6 @@ class SourceDraft:
         self.pending: tuple[tuple[int, int], list[int], int] | None = None  # (place, draft, tokens seen then)
         self.refused: set[tuple[int, int]] = set()
         self.splits: dict[int, list[int]] = {}  # a drafted token -> the tokens the model wrote it as
-        self.drafted = 0  # drafts named
         self.last = _after_earlier(self.texts[: self.n_src], earlier)  # (source, byte) the last draft was taken to
         self.log: list[tuple[int, int]] = []  # (drafted, taken) per draft
 
@@ -153,7 +152,6 @@ class SourceDraft:
         if not draft:
             return []
         self.pending = (place, draft, len(tokens))
-        self.drafted += 1
         return draft
 
 

@@ -23,7 +23,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -188,7 +188,7 @@ class Decider:
     def decide(self, live, ids: list[int], candidates: list[Candidate], top1: float, margin: float,
                arguments: Callable, tool_choice: str | None = "auto", parallel: bool = False,
                spans: list[tuple[int, int]] = (), request: str = "", made: set[str] = frozenset(),
-               beside: Callable[[], Iterable[list[int]]] | None = None, steps: list[list[str]] = ()) -> tuple:
+               beside: Callable[[], Iterable[list[int]]] | None = None, steps: Sequence[list[str]] = ()) -> tuple:
         """Decide on `live` after the prompt `ids` (`self.prompt(messages, candidates)`, with the candidates'
         `spans` spliced from their blocks when the decider has `blocks`; `request`: the user's words, whose
         values weigh for a call (`request_values`) and which parallel calls divide among themselves; `made`: the
@@ -239,7 +239,7 @@ class Decider:
         while True:
             ids = ids + self.opener
             logits = live.prefill(ids)
-            left = {n for s in steps_left(list(steps), [m.name for m in d.calls]) for n in s} if d.calls else set()
+            left = {n for s in steps_left(steps, [m.name for m in d.calls]) for n in s} if d.calls else set()
             name, lps, ids, logits = self._name(live, ids, logits, [c for c in pool if c.name in left] or pool)
             if not d.calls:
                 d.decide_ms = (time.perf_counter() - t0) * 1e3

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 from slb.router import RouteDecision
 
@@ -91,12 +92,12 @@ def retrieve(router, messages: list[dict], k: int = 5) -> Retrieved:
     return decision
 
 
-def steps_left(steps: list[list[str]], called: list[str]) -> list[list[str]]:
+def steps_left(steps: Sequence[list[str]], called: list[str]) -> list[list[str]]:
     """The steps (each its candidate names) that no call of `called` took: a call takes the step, not taken yet,
     where its tool ranks best (earliest step on a tie); a tool among no step's candidates takes none."""
     left = list(range(len(steps)))
     for name in called:
-        at = [(s.index(name), i) for i in left for s in [steps[i]] if name in s]
+        at = [(steps[i].index(name), i) for i in left if name in steps[i]]
         if at:
             left.remove(min(at)[1])
     return [steps[i] for i in left]

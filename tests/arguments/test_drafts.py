@@ -70,7 +70,7 @@ def test_a_matrix_is_copied_in_fewer_passes_than_tokens(qwen_backends, backend_n
     backend = qwen_backends(backend_name)
     value, n_tokens, passes, draft = _matmul(backend, drafts=True)
     assert value == {"matA": [[1, 2, 3], [4, 5, 6], [7, 8, 9]], "matB": [[10, 11, 12], [13, 14, 15], [16, 17, 18]]}
-    assert isinstance(draft, SourceDraft) and draft.drafted > 0
+    assert isinstance(draft, SourceDraft) and draft.log  # drafts were named and resolved
     assert sum(taken for _, taken in draft.log) >= 10  # drafted tokens the decode took
     plain, n_plain, passes_plain, _ = _matmul(backend, drafts=False)
     assert plain == value

@@ -1,7 +1,8 @@
 """Calibrating who decides (`nexus eval decide --calibrate`): from each item's measurements (the model's p(call),
 the router's top-1 and margin, the request's value words, every candidate's name log-probability) fit a
 `DecideProfile`: class-balanced logistic weights for call vs text, the bias that loses at most `max_lost` of
-relevant requests, the router weight on names and per-rank offsets (against small models' first-listed bias), and
+relevant requests, the p(call) below which the model's own "no" overrules the router (`p_veto`), the router
+weight on names and per-rank offsets (against small models' first-listed bias), and
 "router" mode when the model's decisions score below the router's. `apply` is the decision a profile makes on one
 measured item."""
 
@@ -11,6 +12,8 @@ import math
 from dataclasses import replace
 
 BETAS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+VETO_MARGIN = 3.0  # p_veto is the lowest relevant request's p(call) divided by this
+VETO_CAP = 0.05  # and at most this
 MIN_GAIN = 2  # relevant items a name setting must gain to move
 RANK_OFFSETS = (-8.0, -6.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 6.0)
 
@@ -19,7 +22,7 @@ def apply(profile, m: dict) -> str | None:
     """The decision `profile` makes on a measured item: a tool name, or None for a text answer."""
     if m is None or not m["cands"]:
         return None
-    if profile.call_score(p_read(m), m["top1"], m["margin"], m.get("values", 0)) <= 0:
+    if profile.call_score(p_read(m), m["top1"], m["margin"], m.get("values", 0)) <= 0 or vetoed(profile, m):
         return None
     ranked = [(profile.name_score(m["lps"].get(c, -1e9), sc, r), c) for r, (c, sc) in enumerate(zip(m["cands"],
                                                                                                    m["scores"]))]
@@ -48,7 +51,7 @@ def fit(measured: list[tuple[dict, dict]], router_acc: float, max_lost: float, k
                              BETAS if name_weight is None else (name_weight,))
     prof = DecideProfile(mode="model", k=k, fit_all=fit_all, bias=float(bias), w_model=float(w[1]),
                          w_top1=float(w[2]), w_margin=float(w[3]), w_values=float(w[4]), name_weight=beta,
-                         rank_bias=ranks,
+                         rank_bias=ranks, p_veto=veto_level(ok),
                          source=f"calibrated by nexus eval decide on {len(ok)} items")
     acc = np.mean([apply(prof, m) == it["gold"] for it, m in ok]) if ok else 0.0
     if acc < router_acc:
@@ -60,8 +63,22 @@ def fit(measured: list[tuple[dict, dict]], router_acc: float, max_lost: float, k
 def p_read(m: dict) -> float:
     """The p(call) a decision uses: the largest of the conversation's reading and those beside it (`p_beside`,
     `engine.readings`: the decider reads them in turn while the score says text, so with a positive weight on
-    p(call) it decides a call exactly when the largest does)."""
-    return max([m["p_call"], *m.get("p_beside", ())])
+    p(call) it decides a call exactly when the largest does; None: a reading the backend could not take)."""
+    return max([m["p_call"], *(p for p in m.get("p_beside", ()) if p is not None)])
+
+
+def vetoed(profile, m: dict) -> bool:
+    """Whether the model's own p(call) is below the profile's `p_veto` on every reading of a measured item."""
+    return p_read(m) < profile.p_veto and None not in m.get("p_beside", ())
+
+
+def veto_level(measured: list[tuple[dict, dict]]) -> float:
+    """`p_veto` for measured items: a `VETO_MARGIN`-th of the lowest p(call) of a relevant request among them, at
+    most `VETO_CAP` (0 without one): the model's "no" overrules the router only where the model is all but sure,
+    well below any request's p(call) (on a few dozen requests the lowest is 0.066 on one sample of the public data,
+    0.64 on another)."""
+    rel = [p_read(m) for it, m in measured if it["kind"] == "relevant"]
+    return min(VETO_CAP, min(rel) / VETO_MARGIN) if rel else 0.0
 
 
 def with_values(it: dict, m: dict) -> dict:

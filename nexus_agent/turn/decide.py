@@ -8,7 +8,8 @@ One pass over one live context, in the call format of the model's own template (
    `{` / a code fence, which small models write instead) is combined with the router's evidence by the
    per-model logistic setting (`profile.DecideProfile.call_score`), with whether the request names a value
    (`request_values`: a call takes values from the request; "Bonjour, comment ça va ?" names none, "the weather
-   in Paris" one). `tool_choice` overrides it.
+   in Paris" one); where the model is all but sure not to call (p_call below the profile's `p_veto` on every
+   reading) the answer is text whatever the router says. `tool_choice` overrides it.
 3. A call: the opener is fed, then the name: each candidate's name is scored by the model (its log-probability,
    teacher-forced) plus the router's score times the profile's `name_weight` (the fusion is calibrated per
    model), and the best one is fed; then the arguments under that tool's schema by the caller's argument
@@ -92,11 +93,13 @@ class Decision:
     call_ms: float = 0.0
     name_logprobs: dict = field(default_factory=dict)
     drafts: list = field(default_factory=list)  # per call begun in place: (tokens drafts fed ahead, kept)
+    vetoed: bool = False  # the score said call, the model's own p(call) on every reading was below `p_veto`
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "how": self.how, "calls": [c.name for c in self.calls],
                 "p_call": None if self.p_call is None else round(self.p_call, 4), "reading": self.reading,
                 "score": None if self.score is None else round(self.score, 3), "values": self.values,
+                "vetoed": self.vetoed,
                 "candidates": self.candidates,
                 "prompt_tokens": self.prompt_tokens, "spliced": self.spliced, "splice_fallback": self.splice_fallback,
                 "prefill_ms": round(self.prefill_ms, 1), "decide_ms": round(self.decide_ms, 1),
@@ -223,14 +226,20 @@ class Decider:
         else:
             d.p_call, d.values = self.p_call(logits), request_values(request)
             d.score = self.profile.call_score(d.p_call, top1, margin, d.values)
-            for k, alt in enumerate(beside() if beside is not None and d.score <= 0 else (), 1):
+            veto = self.profile.p_veto
+            unread = False  # a reading beside the backend could not read: the model's "no" is not known to hold
+            for k, alt in enumerate(beside() if beside is not None and (d.score <= 0 or d.p_call < veto) else (), 1):
                 p = self.p_call_beside(live, ids, alt)
+                if p is None:
+                    unread = True
+                    continue
                 if p > d.p_call:
                     d.p_call, d.reading = p, k
                     d.score = self.profile.call_score(d.p_call, top1, margin, d.values)
-                if d.score > 0:
+                if d.score > 0 and d.p_call >= veto:
                     break
-            d.kind = "call" if d.score > 0 else "text"
+            d.vetoed = d.score > 0 and d.p_call < veto and not unread
+            d.kind = "call" if d.score > 0 and not d.vetoed else "text"
         if d.kind == "text":
             d.decide_ms = (time.perf_counter() - t0) * 1e3
             return d, ids, logits
@@ -267,19 +276,19 @@ class Decider:
         d.call_ms = (time.perf_counter() - t0) * 1e3
         return d, done, None
 
-    def p_call_beside(self, live, ids: list[int], alt: list[int]) -> float:
+    def p_call_beside(self, live, ids: list[int], alt: list[int]) -> float | None:
         """p_call after `alt`, read on the backend's scratch sequence from the prefix it shares with `ids` (which
-        `live` holds): 0 where the backend cannot (no `probe`, an evicting context, no room)."""
+        `live` holds): None where the backend cannot (no `probe`, an evicting context, no room)."""
         from native.base import BackendError
 
         n = next((i for i, (a, b) in enumerate(zip(ids, alt)) if a != b), min(len(ids), len(alt)))
         probe = getattr(live.session, "probe", None)
         if probe is None or live.manager is not None or n >= len(alt) or live.ids[:n] != ids[:n]:
-            return 0.0
+            return None
         try:
             return self.p_call(probe(n, alt[n:]))
         except BackendError:
-            return 0.0
+            return None
 
     def _after_arguments(self, live, ids: list[int], text: str) -> list[int]:
         """`ids` and the arguments `text`: the tokens the context holds after `ids` where they spell the start of

@@ -27,11 +27,12 @@ class DecideProfile:
     every tool when there are at most this many (they fit the prompt); call = bias + w_model * logit(p_call) +
     w_top1 * top-1 score + w_margin * margin + w_values * values > 0 decides call vs text (p_call: the model's
     probability of starting a call; values: whether the request names a value a call takes, `decide.request_values`:
-    chatter rarely names one); a candidate's name scores the model's log-probability of it +
-    name_weight x the router's score + rank_bias[its rank in the list shown] (small models favour the first tools
-    listed: the fitted offsets counter it); splice: the candidates' schemas are spliced from KV blocks
-    (`turn.blocks`) where the backend can; source: where the numbers come from (default | calibrated: how, when);
-    metrics: what the calibration measured."""
+    chatter rarely names one); p_veto: where the model's own p(call), on every reading of the conversation, is below
+    it, the answer is text whatever the router's evidence (the model is sure; 0: never); a candidate's name scores
+    the model's log-probability of it + name_weight x the router's score + rank_bias[its rank in the list shown]
+    (small models favour the first tools listed: the fitted offsets counter it); splice: the candidates' schemas
+    are spliced from KV blocks (`turn.blocks`) where the backend can; source: where the numbers come from
+    (default | calibrated: how, when); metrics: what the calibration measured."""
 
     mode: str = "model"
     k: int = 5
@@ -42,6 +43,7 @@ class DecideProfile:
     w_top1: float = 0.0
     w_margin: float = 0.0
     w_values: float = 0.0
+    p_veto: float = 0.0
     name_weight: float = 0.0
     rank_bias: list = field(default_factory=list)
     splice: bool = True
@@ -51,6 +53,8 @@ class DecideProfile:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"unknown decide mode {self.mode!r}; choose {' or '.join(MODES)}")
+        if not 0.0 <= self.p_veto < 1.0:
+            raise ValueError(f"p_veto is a probability below 1, got {self.p_veto}")
         if self.k < 1 or self.k_sure < 0 or self.fit_all < 0:
             raise ValueError(f"k must be >= 1, k_sure and fit_all >= 0, got k={self.k}, k_sure={self.k_sure}, "
                              f"fit_all={self.fit_all}")

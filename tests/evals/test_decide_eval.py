@@ -4,6 +4,7 @@ fit on measurements whose answer is known."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -180,3 +181,26 @@ def test_rescore_scores_a_runs_measurements_by_the_setting_shipped_now(nexus_hom
     r = rescore(A)
     assert r["sizes"]["250"]["m"]["nexus"]["decision_acc"] == 1.0 and r["rescored"] == {"m": "test"}
     assert r["profiles"]["m"]["w_values"] == 1.0 and r["sizes"]["250"]["m"]["router"] == router
+
+
+def test_the_models_near_certain_no_overrules_the_router():
+    """`p_veto`: a conversational turn the router's evidence would call (top-1 and margin as high as a request's)
+    but the model all but never would (p(call) 0.002) is answered in text, where the model's p(call) is known on
+    every reading; the fitted level stays well below every relevant request's p(call) and at most `VETO_CAP`."""
+    from evals.decide_fit import VETO_CAP, veto_level
+
+    rows = []
+    for i in range(10):
+        rows.append(_measured("relevant", 0.3 + 0.05 * i, {"a": -0.1, "b": -3.0}, "a"))
+        rows.append(_measured("chat", 0.002 + 0.1 * i, {"a": -0.1, "b": -3.0}))
+    assert veto_level(rows) == VETO_CAP
+    rows.append(_measured("relevant", 0.066, {"a": -0.1, "b": -3.0}, "a"))
+    assert veto_level(rows) == pytest.approx(0.022)
+    prof = DecideProfile(k=2, bias=1.0, w_model=0.0, p_veto=veto_level(rows))  # the router's evidence: call
+    chat = rows[1][1]
+    assert apply(prof, chat) is None and apply(replace(prof, p_veto=0.0), chat) == "a"
+    assert apply(prof, dict(chat, p_beside=[0.9])) == "a"  # another reading would call
+    assert apply(prof, dict(chat, p_beside=[None])) == "a"  # a reading the backend could not take: not known
+    assert all(apply(prof, m) == "a" for it, m in rows if it["kind"] == "relevant")
+    with pytest.raises(ValueError, match="p_veto"):
+        DecideProfile(p_veto=1.0)

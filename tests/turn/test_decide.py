@@ -565,3 +565,36 @@ def test_a_call_sent_back_is_shown_as_its_text(qwen_backends):
     text = tok.apply_chat_template(template_messages([{"role": "assistant", "content": None, "tool_calls": [call]}]),
                                    add_generation_prompt=False)
     assert '"arguments": {"a": 1, "b": [2, 3]}' in text, text
+
+
+@pytest.mark.parametrize("name", ["llamacpp", "mlx"])
+def test_the_models_near_certain_no_is_a_text_answer(qwen_backends, router, name):
+    """A rule that would call on the router's evidence alone (bias +5) calls for "Thanks, that's all I needed.";
+    with `p_veto` above the model's p(call) the answer is text. After a prose answer the request is also read
+    without it, where the backend can (`Session.probe`, llama.cpp): MLX cannot, so the model's "no" is not known to
+    hold on every reading and does not overrule the rule there."""
+    from dataclasses import replace
+
+    backend = qwen_backends(name)
+    live = LiveContext(backend, None, 4096)
+
+    def run(profile, messages):
+        return decide_turn(Decider(backend, profile), router, TOOLS, messages, lambda ids: live, 4096).decision
+
+    try:
+        thanks = [{"role": "user", "content": "Thanks, that's all I needed."}]
+        rule = DecideProfile(mode="model", bias=5.0, w_model=0.0)
+        d = run(rule, thanks)
+        assert d.kind == "call" and not d.vetoed and d.p_call < 0.5
+        d = run(replace(rule, p_veto=0.5), thanks)
+        assert d.kind == "text" and d.vetoed and d.how == "model" and not d.calls and d.as_dict()["vetoed"]
+        after_prose = [{"role": "user", "content": "What time is it in Tokyo (Asia/Tokyo)?"},
+                       {"role": "assistant", "content": "It is 10:04 in Tokyo."},
+                       {"role": "user", "content": "Thanks, that's all I needed."}]
+        d = run(replace(rule, p_veto=0.5), after_prose)
+        if name == "mlx":
+            assert not d.vetoed and d.kind == "call"
+        else:
+            assert d.vetoed == (d.p_call < 0.5) and d.kind == ("text" if d.vetoed else "call")
+    finally:
+        live.close()

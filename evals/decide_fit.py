@@ -1,9 +1,9 @@
 """Calibrating who decides (`nexus eval decide --calibrate`): from each item's measurements (the model's p(call),
 the router's top-1 and margin, the request's value words, every candidate's name log-probability) fit a
 `DecideProfile`: class-balanced logistic weights for call vs text, the bias that loses at most `max_lost` of
-relevant requests, the p(call) below which the model's own "no" overrules the router (`p_veto`), the router
-weight on names and per-rank offsets (against small models' first-listed bias), and
-"router" mode when the model's decisions score below the router's. `apply` is the decision a profile makes on one
+relevant requests, the p(call) below which the model's own "no" overrules the router (`p_veto`), the router weight
+on names and per-rank offsets (against small models' first-listed bias), and "router" mode when the model's
+decisions score below the router's. `apply` is the decision a profile makes on one
 measured item."""
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ import pytest
 
 from evals.serve_calls import parse_text_call
 
-# What Qwen2.5-Coder-0.5B wrote through llama_cpp.server in the committed run (evals/report/serve.json): a fenced
-# call, a bare call, and a bare call whose arguments are a JSON string; none used the template's <tool_call> tags.
+# What Qwen2.5-Coder-0.5B wrote through llama_cpp.server in stop 44's committed run (evals/report/serve_stop44.json):
+# a fenced call, a bare call, and a bare call whose arguments are a JSON string; none used the template's <tool_call>
+# tags.
 FENCED = ('```json\n{\n  "name": "bank_account.transfer",\n  "arguments": {\n    "from_account": "123123",\n'
           '    "to_account": "123144",\n    "amount": 30\n  }\n}\n```')
 BARE = '{"name": "identify_bird", "arguments": {"color": "green", "habitat": "forest", "size": "small"}}'

@@ -92,6 +92,7 @@ class CopyBias:
         self.decided = 0  # cursor.values of the last value ranked (or left to the model)
         self.boosted = 0  # steps at which some token was boosted
         self.ranked: list[dict] = []  # one entry per ranked value: the candidates and the pick (for the trace)
+        self.own: int | None = None  # cursor.values of a string value left to the model, bias off (`_own_value`)
         self.item: tuple[int, int, int] | None = None  # the span the last string array item copied
         self.number_item: tuple[int, int, int] | None = None  # the span the last number array item copied
         self.prune = True  # skip whole-value candidates whose bound cannot win (`_rank`); False: score all
@@ -302,6 +303,15 @@ class CopyBias:
         if not scored:
             return
         score, toks, where = max(scored, key=lambda s: s[0])
+        copy = b"".join(self.tb[t] for t in toks)
+        if string and "enum" not in sub and not done and best_free > best_copy - self.bias:
+            own = self._own_value(logits)
+            if own is not None and _extends(own, copy):
+                self.own = self.cursor.values
+                self.ranked.append({"value": prefix.decode("utf-8", "replace"), "candidates": len(scored),
+                                    "pick": own.decode("utf-8", "replace"), "logp": None, "own": True,
+                                    "top": [(copy.decode("utf-8", "replace"), round(score, 3))]})
+                return
         self.used.append(where)
         in_array = self.cursor.path()[-1:] == ("[]",)
         self.item = where if string and in_array else None  # a string array's item
@@ -314,6 +324,21 @@ class CopyBias:
                             "logp": round(score, 3),
                             "top": [(b"".join(self.tb[t] for t in c).decode("utf-8", "replace"), round(v, 3))
                                     for v, c, _ in top]})
+
+    def _own_value(self, logits: np.ndarray, limit: int = 16) -> bytes | None:
+        """The string the model writes here on its own (greedy, no bias) up to its closing quote; None when it
+        does not close within `limit` tokens. The passes are removed from the session again."""
+        n0, out, t = self.session.n_past, b"", int(np.argmax(logits))
+        try:
+            for _ in range(limit):
+                b = self.tb[t]
+                if b'"' in b:
+                    return out + b[: b.index(b'"')]
+                out += b
+                t = int(np.argmax(self.session.forward_logits([t])[-1]))
+        finally:
+            self.session.remove(n0, self.session.n_past)
+        return None
 
     def _whole(self, logits: np.ndarray, items: list, closers: np.ndarray) -> list:
         """[(total, tokens, where)] for candidates written whole (numbers, enum values): `items` are (tokens, prior,
@@ -452,6 +477,8 @@ class CopyBias:
                                                                                          self.item[2]):
                 return self._close_array(logits)
             return self.keys(logits)
+        if self.own is not None and self.own == self.cursor.values and prefix[:1] == b'"':
+            return logits  # the model's own value (`_rank`): written without the bias
         sub = schema_at(self.schema, self.cursor.path())
         ids, closes = self.candidates(prefix, sub)
         if self.session is not None:
@@ -463,6 +490,8 @@ class CopyBias:
                 self._rank(logits, prefix, sub, ids)
                 if self.plan:
                     return self._force(logits)
+                if self.own == self.cursor.values:
+                    return logits
         if not ids and not closes:  # a literal or number the model wrote itself may end here: one more key?
             return self.keys.closer_tilt(logits.copy(), self.close_num, tilt=False) if _complete(prefix) else logits
         boost = np.zeros(len(logits), dtype=bool)
@@ -474,6 +503,12 @@ class CopyBias:
         self.boosted += 1
         out = np.where(boost, logits + self.bias, logits)
         return self.keys.closer_tilt(out, self.close_str if prefix[:1] == b'"' else self.close_num) if closes else out
+
+
+def _extends(own: bytes, copy: bytes) -> bool:
+    """Whether the model's own value is the copy with a prefix the request does not write, joined at a separator
+    (`Asia/Tokyo` for "Tokyo": the namespace a timezone needs, which the model knows and the request leaves out)."""
+    return len(own) > len(copy) + 1 and own.endswith(copy) and own[-len(copy) - 1:-len(copy)] in (b"/", b":", b".")
 
 
 _COMPLETE = re.compile(rb"true|false|null|-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")

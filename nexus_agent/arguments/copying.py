@@ -67,7 +67,9 @@ class CopyBias:
     session), plus the priors of `span_priors`, and the best one is forced token by token. Over its first token
     alone a small model picks `file` for "the file /tmp/repo"; over the whole value it picks the path. Place
     it after the grammar mask: a forced token the grammar forbids is simply not taken, and the copy is
-    dropped (the value goes on under the bias alone).
+    dropped (the value goes on under the bias alone). Where only the bias makes a copy win at a string's start and
+    the model's own value is that copy behind a prefix it knows (`Asia/Tokyo` for "Tokyo", `_extends`), the value
+    is the model's, written without the bias.
     """
 
     def __init__(self, tokenizer, sources: list[Source], schema: dict, bias: float = DEFAULT_BIAS,

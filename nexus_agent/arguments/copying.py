@@ -22,7 +22,6 @@ are written follows the request too (`key_choice.py`). The sources, spans and pr
 
 from __future__ import annotations
 
-import heapq
 import re
 
 import numpy as np
@@ -52,6 +51,7 @@ from nexus_agent.arguments.span_priors import (
     sibling_rank,
     taken,
 )
+from nexus_agent.arguments.value_scores import extends_copy, log_softmax, own_value, whole_scores
 
 DEFAULT_BIAS = 4.0  # logits; chosen on the agent suite and BFCL by `nexus eval arguments --bias` (README)
 JOINER_PENALTY = 1.0  # per joining word inside a string copy (`span_priors.joiners`)
@@ -68,8 +68,8 @@ class CopyBias:
     alone a small model picks `file` for "the file /tmp/repo"; over the whole value it picks the path. Place
     it after the grammar mask: a forced token the grammar forbids is simply not taken, and the copy is
     dropped (the value goes on under the bias alone). Where only the bias makes a copy win at a string's start and
-    the model's own value is that copy behind a prefix it knows (`Asia/Tokyo` for "Tokyo", `_extends`), the value
-    is the model's, written without the bias.
+    the model's own value is that copy behind a prefix it knows (`Asia/Tokyo` for "Tokyo",
+    `value_scores.extends_copy`), the value is the model's, written without the bias.
     """
 
     def __init__(self, tokenizer, sources: list[Source], schema: dict, bias: float = DEFAULT_BIAS,
@@ -94,7 +94,7 @@ class CopyBias:
         self.decided = 0  # cursor.values of the last value ranked (or left to the model)
         self.boosted = 0  # steps at which some token was boosted
         self.ranked: list[dict] = []  # one entry per ranked value: the candidates and the pick (for the trace)
-        self.own: int | None = None  # cursor.values of a string value left to the model, bias off (`_own_value`)
+        self.own: int | None = None  # cursor.values of the string value left to the model, bias off
         self.item: tuple[int, int, int] | None = None  # the span the last string array item copied
         self.number_item: tuple[int, int, int] | None = None  # the span the last number array item copied
         self.prune = True  # skip whole-value candidates whose bound cannot win (`_rank`); False: score all
@@ -199,7 +199,7 @@ class CopyBias:
         """
         closers = self.close_str if string else self.close_num
         n0 = self.session.n_past
-        first = _log_softmax(logits)
+        first = log_softmax(logits)
         out = []
         for rest, where in remainders:
             k, p = where
@@ -212,13 +212,13 @@ class CopyBias:
             self.session.remove(n0, self.session.n_past)
             total, written = 0.0, b""
             for i, t in enumerate(toks):
-                total += float(first[t] if i == 0 else _log_softmax(logits_after[i - 1])[t])
+                total += float(first[t] if i == 0 else log_softmax(logits_after[i - 1])[t])
                 written += self.tb[t]
                 if not rest.startswith(written):
                     break
                 whole = len(written) == len(rest)
                 if (ends and _word_end(rest, len(written))) or whole:
-                    lp = _log_softmax(logits_after[i])
+                    lp = log_softmax(logits_after[i])
                     close = close_logprob(lp, closers)
                     mean = (total + close) / (i + 2)
                     out.append((mean, toks[: i + 1], where))
@@ -243,7 +243,7 @@ class CopyBias:
             cands = self._enum_spans(prefix[1:], sub)
         elif string:
             cands = self._string_copies(prefix[1:])
-            first = _log_softmax(logits)
+            first = log_softmax(logits)
             head = [max((first[i] for n in range(1, min(MAX_TOKEN_BYTES, len(r)) + 1)
                          for i in self.index.get(r[:n], ())), default=-np.inf) +
                     overlap_prior(self.used, (*w, w[1] + 1), None, []) for r, w in cands]
@@ -301,14 +301,14 @@ class CopyBias:
                 prior = prior_of(k, (k, p, p + done + len(rest)))
                 if prior is not None:
                     items.append((toks, prior, (k, p, p + done + len(rest))))
-            scored += self._whole(logits, items, self.close_str if string else self.close_num)
+            closers = self.close_str if string else self.close_num
+            scored += whole_scores(self.session, logits, items, closers, self.prune)
         if not scored:
             return
         score, toks, where = max(scored, key=lambda s: s[0])
-        copy = b"".join(self.tb[t] for t in toks)
         if string and "enum" not in sub and not done and best_free > best_copy - self.bias:
-            own = self._own_value(logits)
-            if own is not None and _extends(own, copy):
+            own, copy = own_value(self.session, self.tb, logits), b"".join(self.tb[t] for t in toks)
+            if own is not None and extends_copy(own, copy):
                 self.own = self.cursor.values
                 self.ranked.append({"value": prefix.decode("utf-8", "replace"), "candidates": len(scored),
                                     "pick": own.decode("utf-8", "replace"), "logp": None, "own": True,
@@ -326,75 +326,6 @@ class CopyBias:
                             "logp": round(score, 3),
                             "top": [(b"".join(self.tb[t] for t in c).decode("utf-8", "replace"), round(v, 3))
                                     for v, c, _ in top]})
-
-    def _own_value(self, logits: np.ndarray, limit: int = 16) -> bytes | None:
-        """The string the model writes here on its own (greedy, no bias) up to its closing quote; None when it
-        does not close within `limit` tokens. The passes are removed from the session again."""
-        n0, out, t = self.session.n_past, b"", int(np.argmax(logits))
-        try:
-            for _ in range(limit):
-                b = self.tb[t]
-                if b'"' in b:
-                    return out + b[: b.index(b'"')]
-                out += b
-                t = int(np.argmax(self.session.forward_logits([t])[-1]))
-        finally:
-            self.session.remove(n0, self.session.n_past)
-        return None
-
-    def _whole(self, logits: np.ndarray, items: list, closers: np.ndarray) -> list:
-        """[(total, tokens, where)] for candidates written whole (numbers, enum values): `items` are (tokens, prior,
-        where); a total is the mean log-likelihood per token of the tokens and then a closer (as `_score`), plus
-        the prior.
-
-        Best bound first: a mean is at most the log-likelihoods known so far over its length (the others are
-        never above 0), the first token's known from `logits`. The candidate with the best bound is run through
-        the model; that pass also gives the next token of every candidate sharing a prefix with it (the numbers
-        13, 14 and 15 after a pass over 13), which tightens their bounds. Once the best bound is a whole score it
-        is the best: the same pick as scoring every candidate (`prune` False does that), in one or two passes
-        where a request writing 50 numbers took a pass per number for every value."""
-        first = _log_softmax(logits)
-        n0 = self.session.n_past
-        known = [[float(first[t[0]])] for t, _, _ in items]  # log-likelihoods of the tokens, then of closing
-
-        def bound(i: int) -> float:
-            return sum(known[i]) / (len(items[i][0]) + 1) + items[i][1]
-
-        heap = [(-bound(i), i, 1) for i in range(len(items))]
-        heapq.heapify(heap)
-        out = []
-        while heap:
-            _, i, n = heapq.heappop(heap)
-            if n != len(known[i]):
-                continue  # a stale entry: the candidate was pushed again with a tighter bound
-            toks, prior, where = items[i]
-            if n == len(toks) + 1:  # whole: no bound left above it
-                out.append((bound(i), toks, where))
-                if self.prune:
-                    break
-                continue
-            fed_prefix = getattr(self.session, "fed_prefix", None)  # a draft fed ahead: its logits are free
-            served = fed_prefix(toks) if fed_prefix is not None else 0
-            passed = toks[:served] if n <= served < len(toks) else toks  # a free partial pass may settle it
-            rows = self.session.forward_logits(passed)
-            self.session.remove(n0, self.session.n_past)
-            lsm: dict[int, np.ndarray] = {}
-            for j, (other, _, _) in enumerate(items):
-                m = 0
-                while m < min(len(other), len(passed)) and other[m] == passed[m]:
-                    m += 1
-                lps, grew = known[j], False
-                while len(lps) < len(other) and len(lps) <= m:
-                    r = lsm.setdefault(len(lps) - 1, _log_softmax(rows[len(lps) - 1]))
-                    lps.append(float(r[other[len(lps)]]))
-                    grew = True
-                if len(lps) == len(other) and m == len(other):  # the pass went through all of it: its close
-                    r = lsm.setdefault(len(other) - 1, _log_softmax(rows[len(other) - 1]))
-                    lps.append(close_logprob(r, closers))
-                    grew = True
-                if grew:
-                    heapq.heappush(heap, (-bound(j), j, len(lps)))
-        return out
 
     def _tail_cut(self, rest: bytes, k: int, p: int, done: int, floor: float) -> int:
         """How many bytes of `rest` (the copy at byte `p` of source `k`, `done` bytes of it written) may end a
@@ -479,7 +410,7 @@ class CopyBias:
                                                                                          self.item[2]):
                 return self._close_array(logits)
             return self.keys(logits)
-        if self.own is not None and self.own == self.cursor.values and prefix[:1] == b'"':
+        if self.own == self.cursor.values and prefix[:1] == b'"':
             return logits  # the model's own value (`_rank`): written without the bias
         sub = schema_at(self.schema, self.cursor.path())
         ids, closes = self.candidates(prefix, sub)
@@ -507,21 +438,9 @@ class CopyBias:
         return self.keys.closer_tilt(out, self.close_str if prefix[:1] == b'"' else self.close_num) if closes else out
 
 
-def _extends(own: bytes, copy: bytes) -> bool:
-    """Whether the model's own value is the copy with a prefix the request does not write, joined at a separator
-    (`Asia/Tokyo` for "Tokyo": the namespace a timezone needs, which the model knows and the request leaves out)."""
-    return len(own) > len(copy) + 1 and own.endswith(copy) and own[-len(copy) - 1:-len(copy)] in (b"/", b":", b".")
-
-
 _COMPLETE = re.compile(rb"true|false|null|-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 
 
 def _complete(prefix: bytes) -> bool:
     """Whether `prefix` (a value being written outside a string) is a whole JSON literal or number."""
     return _COMPLETE.fullmatch(prefix) is not None
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = np.max(x[np.isfinite(x)]) if np.isfinite(x).any() else 0.0
-    return x - (m + np.log(np.sum(np.exp(x - m))))

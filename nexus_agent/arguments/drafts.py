@@ -2,7 +2,7 @@
 
 Arguments copy long runs of the request: a matrix, a list of numbers, a sentence to translate. Under the
 copy bias each value is still one decode per token, and a value ranked from the request's numbers costs a
-pass of its own (`copying._whole`). `SourceDraft` finds where the arguments written so far end the same way
+pass of its own (`value_scores.whole_scores`). `SourceDraft` finds where the arguments written so far end the same way
 as some place of a source (the request, an earlier result; also as the request would be written in compact
 JSON, `[[1, 2], [3, 4]]` as `[[1,2],[3,4]]`) and names the tokens that follow there as `ahead`: `generate_step`
 feeds them in one forward pass, the processors still run on each position, and a token they do not pick ends

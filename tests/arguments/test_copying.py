@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from nexus_agent.arguments.constrained import generate_json
 from nexus_agent.arguments.copy_sources import Source, name_words, names_word, numbers_in, value_sources
-from nexus_agent.arguments.copying import CopyBias, _extends
+from nexus_agent.arguments.copying import CopyBias
 from nexus_agent.arguments.drafts import copy_processors
 from nexus_agent.arguments.json_cursor import JsonCursor
+from nexus_agent.arguments.value_scores import extends_copy
 from nexus_agent.prompts import argument_messages
 
 
@@ -201,9 +202,9 @@ def test_a_value_the_model_knows_more_of_than_the_request_writes_is_the_models(q
     value = _decode(qwen_backends("llamacpp"), TIMEZONE, "What time is it in Tokyo right now?",
                     sig="get_current_time(timezone: str) — current time in a timezone")
     assert value == {"timezone": "Asia/Tokyo"}
-    assert _extends(b"Asia/Tokyo", b"Tokyo") and _extends(b"repo:main", b"main")
-    assert not _extends(b"Tokyo", b"Tokyo") and not _extends(b"Tokyo, Japan", b"Tokyo")
-    assert not _extends(b"NewTokyo", b"Tokyo") and not _extends(b"/x", b"x")
+    assert extends_copy(b"Asia/Tokyo", b"Tokyo") and extends_copy(b"repo:main", b"main")
+    assert not extends_copy(b"Tokyo", b"Tokyo") and not extends_copy(b"Tokyo, Japan", b"Tokyo")
+    assert not extends_copy(b"NewTokyo", b"Tokyo") and not extends_copy(b"/x", b"x")
 
 
 def test_optional_keys_the_request_does_not_name_are_left_out(llamacpp_backend):

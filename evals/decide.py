@@ -36,7 +36,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from evals.decide_fit import apply, fit, with_values
+from evals.decide_fit import apply, fit, rechecked_pick, splice_reach, with_values
 from evals.decide_report import FIGURES, table
 from evals.render import save_plot
 
@@ -241,7 +241,9 @@ def refit(args: argparse.Namespace) -> dict:
     for name, sizes in dumps.items():
         per_size = {int(s): {"meas": {v: [(it, with_values(it, m)) for it, m in pairs] for v, pairs in vs.items()},
                              "res": out["sizes"][s][name]} for s, vs in sizes.items()}
-        profile = _calibrate(args, per_size, out, name, out["profiles"][name].get("k_sure", 0))
+        was = out["profiles"][name]
+        profile = _calibrate(args, per_size, out, name, was.get("k_sure", 0),
+                             (was.get("splice_err", 0.0), was.get("splice_name_err", 0.0)))
         save_decide_profile(out["models"][name]["fingerprint"], profile)
         out["profiles"][name] = dict(vars(profile))
         for s in sizes:
@@ -272,6 +274,8 @@ def rescore(args: argparse.Namespace) -> dict:
                 res["nexus"] = dict(res["router"], source="router")
             else:
                 res["nexus"] = score([_row(it, with_values(it, m), profile) for it, m in vs[key]])
+            _splice_fidelity(res, {v: [(it, with_values(it, m)) for it, m in pairs] for v, pairs in vs.items()},
+                             profile)
     print(table(out))
     return out
 
@@ -339,13 +343,8 @@ def run(args: argparse.Namespace) -> dict:
                     meas.setdefault(vname, []).append((it, m))
                 print(f"[decide] {name} N={size} item {j + 1}/{len(scored)}", flush=True)
             res = {"router": score(rows["router"])}
-            neutral = replace(shipped, mode="model", bias=0.0, w_model=1.0, w_top1=0.0, w_margin=0.0,
-                              w_values=0.0, name_weight=0.0)
             for vname, pairs in meas.items():
-                res[vname] = score([_row(it, m, neutral) for it, m in pairs])
-                text = meas.get(vname.removesuffix("-splice"))
-                if vname.endswith("-splice") and text:
-                    res[vname].update(_fidelity(pairs, text, neutral))
+                res[vname] = score([_row(it, m, _neutral(shipped)) for it, m in pairs])
             per_size[size] = {"res": res, "meas": meas}
             out["sizes"].setdefault(str(size), {})[name] = res
         if args.dump:
@@ -353,7 +352,8 @@ def run(args: argparse.Namespace) -> dict:
                             for s in sizes}
         profile = shipped
         if args.calibrate:
-            profile = _calibrate(args, per_size, out, name, shipped.k_sure)
+            profile = _calibrate(args, per_size, out, name, shipped.k_sure,
+                                 (shipped.splice_err, shipped.splice_name_err))
             path = save_decide_profile(engine.backend.info.fingerprint, profile)
             print(f"[decide] {name}: profile ({profile.mode}) saved to {path}")
         out["profiles"][name] = {k: v for k, v in vars(profile).items()}
@@ -368,6 +368,7 @@ def run(args: argparse.Namespace) -> dict:
                 if getattr(args, "history", None):  # the same setting on the conversation's own reading alone
                     res["nexus-one-reading"] = score([_row(it, m and dict(m, p_beside=[]), profile)
                                                       for it, m in per_size[size]["meas"][key]])
+            _splice_fidelity(res, per_size[size]["meas"], profile)
         engine.decider.blocks = shipped_blocks
         _time_calls(engine, profile, scored, sizes, catalogue, args, out, name)
         engine.close()
@@ -392,21 +393,50 @@ def _row(it: dict, m: dict | None, profile) -> dict:
             "prefill_ms": m["prefill_ms"], "prompt_tokens": m["prompt_tokens"]}
 
 
-def _fidelity(spliced: list, text: list, profile) -> dict:
-    """The spliced variant against the same candidates prefilled as text: the share of items decided the same
-    (call or not, and which), and the prefill speed-up (median text prefill / median spliced prefill)."""
+def _neutral(profile):
+    """The model's own decision: p(call) > 0.5 and its likeliest name (the profile's order offsets, veto and
+    splice reach kept)."""
+    return replace(profile, mode="model", bias=0.0, w_model=1.0, w_top1=0.0, w_margin=0.0, w_values=0.0,
+                   name_weight=0.0)
+
+
+def _splice_fidelity(res: dict, meas: dict, profile) -> None:
+    """Each spliced variant's fidelity to the same candidates prefilled as text (`_fidelity`), with `profile`'s
+    splice reach: decided by the model alone (`_neutral`; keys without a suffix) and by `profile` (`_nexus`)."""
+    for vname, pairs in meas.items():
+        text = meas.get(vname.removesuffix("-splice"))
+        if vname.endswith("-splice") and text and vname in res:
+            res[vname].update(_fidelity(pairs, text, _neutral(profile)))
+            if profile.mode == "model":
+                res[vname].update(_fidelity(pairs, text, profile, "_nexus"))
+
+
+def _fidelity(spliced: list, text: list, profile, key: str = "") -> dict:
+    """The spliced variant against the same candidates prefilled as text, decided by `profile`: the share of items
+    decided the same (call or not, and which), with the decider's recheck on the prompt as text where the
+    spliced reading is within the profile's splice reach of another outcome (`decide_fit.rechecked_pick`; its
+    prefill then counts both times), the share rechecked, and the prefill speed-up (text prefill / spliced, p50 and
+    mean). `key`: a suffix of the keys (`_nexus`: decided by the shipped setting)."""
     import numpy as np
 
-    same = [apply(profile, a) == apply(profile, b) for (_, a), (_, b) in zip(spliced, text) if a and b]
-    pf = [m["prefill_ms"] for _, m in spliced if m]
-    pt = [m["prefill_ms"] for _, m in text if m]
-    return {"same_as_text": float(np.mean(same)) if same else None,
-            "prefill_speedup": float(np.median(pt) / np.median(pf)) if pf and pt else None}
+    same, pf, rechecked = [], [], 0
+    for (_, a), (_, b) in zip(spliced, text):
+        if a and b:
+            pick, near = rechecked_pick(profile, a, b)
+            same.append(pick == apply(profile, b))
+            pf.append(a["prefill_ms"] + (b["prefill_ms"] if near else 0.0))
+            rechecked += near is not None
+    pt = [m["prefill_ms"] for (_, m), (_, a) in zip(text, spliced) if m and a]
+    return {f"same_as_text{key}": float(np.mean(same)) if same else None,
+            f"rechecked{key}": rechecked / len(same) if same else None,
+            f"prefill_speedup{key}": float(np.median(pt) / np.median(pf)) if pf else None,
+            f"prefill_speedup_mean{key}": float(np.mean(pt) / np.mean(pf)) if pf else None}
 
 
-def _calibrate(args, per_size: dict, out: dict, name: str, k_sure: int = 0):
+def _calibrate(args, per_size: dict, out: dict, name: str, k_sure: int = 0, reach: tuple = (0.0, 0.0)):
     """Fit the profile on every size's top-k measurements (cross-fitted `nexus` scores per size), return the
-    profile fitted on all of them. `k_sure`: the model's current setting, kept unless --calibrate-k-sure says."""
+    profile fitted on all of them. `k_sure`: the model's current setting, kept unless --calibrate-k-sure says;
+    `reach`: its (splice_err, splice_name_err), measured again where the run spliced (`splice_reach`)."""
     k, sure = args.calibrate_k, getattr(args, "calibrate_k_sure", None)
     sure = k_sure if sure is None else sure
     key = variant(k, sure)
@@ -427,7 +457,11 @@ def _calibrate(args, per_size: dict, out: dict, name: str, k_sure: int = 0):
         if all(r is not None for r in rows):
             timed = out["sizes"][str(size)][name].get("nexus", {}).get("call_ms_p50")  # kept by a refit
             out["sizes"][str(size)][name]["nexus"] = dict(score(rows), call_ms_p50=timed)
-    return replace(fit(pooled, router_acc, args.max_lost, k, FIT_ALL, getattr(args, "name_weight", None)), k_sure=sure)
+    pairs = [(a, b) for s in per_size.values() for v, ms in s["meas"].items() if v.endswith("-splice")
+             for (_, a), (_, b) in zip(ms, s["meas"].get(v.removesuffix("-splice"), []))]
+    err, name_err = splice_reach(pairs) if pairs else reach
+    return replace(fit(pooled, router_acc, args.max_lost, k, FIT_ALL, getattr(args, "name_weight", None)), k_sure=sure,
+                   splice_err=err, splice_name_err=name_err)
 
 
 def _router_acc(per_size: dict) -> float:

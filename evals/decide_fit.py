@@ -24,6 +24,11 @@ def apply(profile, m: dict) -> str | None:
         return None
     if profile.call_score(p_read(m), m["top1"], m["margin"], m.get("values", 0)) <= 0 or vetoed(profile, m):
         return None
+    return choose_name(profile, m)
+
+
+def choose_name(profile, m: dict) -> str:
+    """The candidate a call of `profile` names on a measured item."""
     ranked = [(profile.name_score(m["lps"].get(c, -1e9), sc, r), c) for r, (c, sc) in enumerate(zip(m["cands"],
                                                                                                    m["scores"]))]
     return max(ranked)[1]
@@ -65,6 +70,70 @@ def p_read(m: dict) -> float:
     `engine.readings`: the decider reads them in turn while the score says text, so with a positive weight on
     p(call) it decides a call exactly when the largest does; None: a reading the backend could not take)."""
     return max([m["p_call"], *(p for p in m.get("p_beside", ()) if p is not None)])
+
+
+def read_as_decided(profile, m: dict) -> tuple[float, bool]:
+    """(p(call), a reading unread) as the decider leaves them on a measured item: the conversation's reading, then
+    those beside it in turn until one decides a call (`Decider._call_or_text`)."""
+    p, unread = m["p_call"], False
+    if not profile.calls(p, m["top1"], m["margin"], m.get("values", 0)):
+        for q in m.get("p_beside", ()):
+            if q is None:
+                unread = True
+                continue
+            p = max(p, q)
+            if profile.calls(p, m["top1"], m["margin"], m.get("values", 0)):
+                break
+    return p, unread
+
+
+def splice_near(profile, m: dict) -> str | None:
+    """The offline twin of the decider's recheck on a spliced prompt's measurement: "call" where its p(call)
+    is within the profile's `splice_err` of the other outcome, "name" where a call's chosen name is within
+    `splice_name_err` of another name; else None."""
+    if m is None or not m["cands"]:
+        return None
+    p, unread = read_as_decided(profile, m)
+    if profile.splice_may_flip(p, m["top1"], m["margin"], m.get("values", 0), unread):
+        return "call"
+    if not profile.splice_name_err or apply(profile, m) is None:
+        return None
+    totals = sorted(profile.name_score(m["lps"].get(c, -1e9), sc, r)
+                    for r, (c, sc) in enumerate(zip(m["cands"], m["scores"])))
+    return "name" if len(totals) > 1 and totals[-1] - totals[-2] <= profile.splice_name_err else None
+
+
+def rechecked_pick(profile, spliced: dict, text: dict) -> tuple[str | None, str | None]:
+    """(the decision the decider makes on a spliced prompt, what it rechecked on the prompt as text) from the two
+    measurements of one item: call or text from the text reading where "call" was rechecked, the name from it where
+    either was."""
+    near = splice_near(profile, spliced)
+    if near is None:
+        return apply(profile, spliced), None
+    return apply(profile, text) if near == "call" else choose_name(profile, text), near
+
+
+SPLICE_SLACK = 1.25  # the splice's reach is the largest distance measured times this
+NAME_SPAN = 6.0  # names further below the best name as text than this are out of any choice (rank offsets <= 4)
+
+
+def splice_reach(pairs: list[tuple[dict, dict]], slack: float = SPLICE_SLACK) -> tuple[float, float]:
+    """(splice_err, splice_name_err) from (spliced, text) measurements of the same prompts: the largest distance
+    between their logit p(call) on any reading, and between their log-probability gaps of two names (of those
+    within `NAME_SPAN` of the best as text: a splice moves an unlikely name's log-probability by several nats,
+    which no choice sees), times `slack`."""
+    err = name_err = 0.0
+    for a, b in pairs:
+        if not (a and b):
+            continue
+        for p, q in zip([a["p_call"], *a.get("p_beside", ())], [b["p_call"], *b.get("p_beside", ())]):
+            if p is not None and q is not None:
+                err = max(err, abs(_logit(p) - _logit(q)))
+        top = max(b["lps"].values(), default=0.0)
+        d = [a["lps"][n] - lp for n, lp in b["lps"].items() if n in a["lps"] and lp >= top - NAME_SPAN]
+        if len(d) > 1:
+            name_err = max(name_err, max(d) - min(d))
+    return err * slack, name_err * slack
 
 
 def vetoed(profile, m: dict) -> bool:

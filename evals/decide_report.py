@@ -17,11 +17,17 @@ def table(r: dict) -> str:
                                                 for _, key in COLUMNS],
                              _ms(m.get("prefill_ms_p50")), _ms(m.get("decide_ms_p50")), _ms(m.get("call_ms_p50")),
                              "–" if m.get("prompt_tokens_p50") is None else f"{m['prompt_tokens_p50']:.0f}",
-                             pct(m["same_as_text"]) if m.get("same_as_text") is not None else "–",
-                             str(m.get("failed", 0))])
+                             _same(m), str(m.get("failed", 0))])
     head = ["tools", "model", "variant", *[c for c, _ in COLUMNS], "prefill ms", "decide ms", "call ms",
             "prompt tok", "same as text", "failed"]
     return md_table(head, rows)
+
+
+def _same(m: dict) -> str:
+    """A spliced variant's decisions the same as text's: the model's own, and (after a slash) the shipped
+    setting's, with the setting's recheck."""
+    parts = [pct(m[k]) for k in ("same_as_text", "same_as_text_nexus") if m.get(k) is not None]
+    return " / ".join(parts) or "–"
 
 
 def _ms(v) -> str:

@@ -112,7 +112,11 @@ def check_decide(backend) -> Check:
         return "decide", False, str(e)
     shown = "its chat template's tools section" if fmt.template_tools else "compressed signatures"
     sure = {0: "", 1: ", its pick alone when its gate is sure"}.get(p.k_sure, f", top {p.k_sure} when its gate is sure")
-    spliced = ", spliced from KV blocks" if p.splice and backend.capabilities.can_splice and fmt.template_tools else ""
+    spliced = ""
+    if p.splice and backend.capabilities.can_splice and fmt.template_tools:
+        spliced = ", spliced from KV blocks" + (
+            f" (decided again as text within {p.splice_err:.2f} logit p(call) / {p.splice_name_err:.2f} nats of "
+            "another outcome)" if p.splice_err or p.splice_name_err else "")
     who = (f"the model decides among the router's top {p.k}{sure} (all tools up to {p.fit_all}), shown in {shown}"
            f"{spliced}" if p.mode == "model" else "the router's pick stands (the model fills the arguments)")
     return "decide", True, f"{who}; setting: {p.source}"

@@ -70,7 +70,9 @@ class Decision:
     `engine.readings`); score: the combined log-odds; values: whether the request names a value
     (`request_values`); calls: in order; candidates: the names shown, `scores` the router's for them,
     `top1`/`margin` its evidence; prompt_tokens; spliced: candidate blocks spliced; splice_fallback: why a block
-    went in as text (the backend refused it); prefill_ms: the prompt into the context; decide_ms: prompt to decision
+    went in as text (the backend refused it); rechecked: what was decided again on the prompt as text (a spliced
+    reading within the splice's measured reach of the other outcome); prefill_ms: the prompt into the context (both
+    times where rechecked); decide_ms: prompt to decision
     (call or text, and the first name); call_ms: to the complete calls (arguments included); drafts: per call begun
     in place, the tokens drafts of copied values fed ahead and the tokens of them the decode kept."""
 
@@ -94,12 +96,14 @@ class Decision:
     name_logprobs: dict = field(default_factory=dict)
     drafts: list = field(default_factory=list)  # per call begun in place: (tokens drafts fed ahead, kept)
     vetoed: bool = False  # the score said call, the model's own p(call) on every reading was below `p_veto`
+    rechecked: list = field(default_factory=list)  # "call" / "name": decided again on the prompt as text, the
+    # spliced prompt's reading being within the splice's reach of the other outcome (`DecideProfile.splice_err`)
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "how": self.how, "calls": [c.name for c in self.calls],
                 "p_call": None if self.p_call is None else round(self.p_call, 4), "reading": self.reading,
                 "score": None if self.score is None else round(self.score, 3), "values": self.values,
-                "vetoed": self.vetoed,
+                "vetoed": self.vetoed, "rechecked": self.rechecked,
                 "candidates": self.candidates,
                 "prompt_tokens": self.prompt_tokens, "spliced": self.spliced, "splice_fallback": self.splice_fallback,
                 "prefill_ms": round(self.prefill_ms, 1), "decide_ms": round(self.decide_ms, 1),
@@ -209,37 +213,40 @@ class Decider:
         commits of the repository at ...", a tool the step's retrieval ranks below its first three)."""
         t0 = time.perf_counter()
         prompt = ids
+        approx = False  # the context holds blocks spliced with a repair: near what the prompt as text computes
         if self.blocks is not None and spans and live.manager is None:
             logits, st = self.blocks.prefill(live, ids, spans, epilogue=len(spans) > len(candidates))
-            spliced, refused = st.spliced, st.refused
+            spliced, refused, approx = st.spliced, st.refused, st.spliced > st.exact
         else:
             logits, spliced, refused = live.prefill(ids), 0, None
-        prefill_ms = (time.perf_counter() - t0) * 1e3
         d = Decision("text", "model", candidates=[c.name for c in candidates], scores=[c.score for c in candidates],
                      top1=top1, margin=margin, prompt_tokens=len(ids), spliced=spliced, splice_fallback=refused,
-                     prefill_ms=prefill_ms)
+                     prefill_ms=(time.perf_counter() - t0) * 1e3)
+
+        def as_text(upto: list[int]):
+            """The prompt again from its first spliced block on, prefilled as text, then `upto` (which extends the
+            prompt): for a spliced decision within the splice's reach of going the other way."""
+            nonlocal approx
+            t1 = time.perf_counter()
+            a = spans[0][0]
+            live.session.remove(a, live.session.n_past)
+            live.ids = live.ids[:a]
+            out = live.prefill(upto)
+            approx = False
+            d.prefill_ms += (time.perf_counter() - t1) * 1e3
+            return out
+
         named = tool_choice not in (None, "auto", "none", "required")
         if tool_choice == "none" or not candidates:
             d.how = "tool_choice" if tool_choice == "none" else "model"
         elif tool_choice == "required" or named:
             d.kind, d.how = "call", "tool_choice"
         else:
-            d.p_call, d.values = self.p_call(logits), request_values(request)
-            d.score = self.profile.call_score(d.p_call, top1, margin, d.values)
-            veto = self.profile.p_veto
-            unread = False  # a reading beside the backend could not read: the model's "no" is not known to hold
-            for k, alt in enumerate(beside() if beside is not None and (d.score <= 0 or d.p_call < veto) else (), 1):
-                p = self.p_call_beside(live, ids, alt)
-                if p is None:
-                    unread = True
-                    continue
-                if p > d.p_call:
-                    d.p_call, d.reading = p, k
-                    d.score = self.profile.call_score(d.p_call, top1, margin, d.values)
-                if d.score > 0 and d.p_call >= veto:
-                    break
-            d.vetoed = d.score > 0 and d.p_call < veto and not unread
-            d.kind = "call" if d.score > 0 and not d.vetoed else "text"
+            unread = self._call_or_text(d, live, ids, logits, request, beside)
+            if approx and self.profile.splice_may_flip(d.p_call, top1, margin, d.values, unread):
+                d.rechecked.append("call")
+                logits = as_text(ids)
+                self._call_or_text(d, live, ids, logits, request, beside)
         if d.kind == "text":
             d.decide_ms = (time.perf_counter() - t0) * 1e3
             return d, ids, logits
@@ -249,7 +256,14 @@ class Decider:
             ids = ids + self.opener
             logits = live.prefill(ids)
             left = {n for s in steps_left(steps, [m.name for m in d.calls]) for n in s} if d.calls else set()
-            name, lps, ids, logits = self._name(live, ids, logits, [c for c in pool if c.name in left] or pool)
+            shown = [c for c in pool if c.name in left] or pool
+            name, lps, near = self._name(live, ids, logits, shown, self.profile.splice_name_err if approx else 0.0)
+            if near:  # a spliced choice within the splice's reach of another name: chosen on the prompt as text
+                d.rechecked.append("name")
+                logits = as_text(ids)
+                name, lps, _ = self._name(live, ids, logits, shown)
+            ids = ids + self.tok.encode(name) + self.between
+            logits = live.prefill(ids)
             if not d.calls:
                 d.decide_ms = (time.perf_counter() - t0) * 1e3
                 d.name_logprobs = lps
@@ -276,6 +290,28 @@ class Decider:
         d.call_ms = (time.perf_counter() - t0) * 1e3
         return d, done, None
 
+    def _call_or_text(self, d: Decision, live, ids: list[int], logits, request: str,
+                      beside: Callable[[], Iterable[list[int]]] | None) -> bool:
+        """Call or text on the prompt's `logits` (`decide`), into `d`; whether a reading beside was unread (the
+        model's "no" is then not known to hold: no veto)."""
+        d.p_call, d.values, d.reading = self.p_call(logits), request_values(request), 0
+        d.score = self.profile.call_score(d.p_call, d.top1, d.margin, d.values)
+        veto = self.profile.p_veto
+        unread = False
+        for k, alt in enumerate(beside() if beside is not None and (d.score <= 0 or d.p_call < veto) else (), 1):
+            p = self.p_call_beside(live, ids, alt)
+            if p is None:
+                unread = True
+                continue
+            if p > d.p_call:
+                d.p_call, d.reading = p, k
+                d.score = self.profile.call_score(d.p_call, d.top1, d.margin, d.values)
+            if d.score > 0 and d.p_call >= veto:
+                break
+        d.vetoed = d.score > 0 and d.p_call < veto and not unread
+        d.kind = "call" if d.score > 0 and not d.vetoed else "text"
+        return unread
+
     def p_call_beside(self, live, ids: list[int], alt: list[int]) -> float | None:
         """p_call after `alt`, read on the backend's scratch sequence from the prefix it shares with `ids` (which
         `live` holds): None where the backend cannot (no `probe`, an evicting context, no room)."""
@@ -301,14 +337,14 @@ class Decider:
             held, spelled = [], ""
         return ids + held + self.tok.encode(text[len(spelled):])
 
-    def name_logprobs(self, live, ids: list[int], logits, names: list[str], offsets: dict | None = None
-                      ) -> dict[str, float]:
+    def name_logprobs(self, live, ids: list[int], logits, names: list[str], offsets: dict | None = None,
+                      reach: float = 0.0) -> dict[str, float]:
         """log p(name, then the text after a name | `ids`) for candidate names, teacher-forced on `live` (which
         holds `ids`, `logits` after them) and removed again: every name, or, given `offsets` (name -> what the
         choice adds to its log-probability), only the names that might still win. A name's log-probability is at
         most its first token's, which the logits give for free; names are scored best bound first and the rest
-        skipped once no bound reaches the best total: the same choice, usually after one or two passes instead
-        of one per candidate."""
+        skipped once no bound comes within `reach` of the best total: the same choice (and every name within
+        `reach` of it), usually after one or two passes instead of one per candidate."""
         base = live.session.n_past
         first = _log_softmax(logits)
         seqs = {n: self.tok.encode(n) + self.between[:1] for n in names}
@@ -316,7 +352,7 @@ class Decider:
         bound = {n: float(first[seqs[n][0]]) + extra[n] for n in names}
         out, best = {}, -np.inf
         for n in sorted(names, key=lambda n: -bound[n]):
-            if offsets is not None and bound[n] < best:
+            if offsets is not None and bound[n] < best - reach:
                 break
             seq = seqs[n]
             lp = float(first[seq[0]])
@@ -328,17 +364,18 @@ class Decider:
             best = max(best, lp + extra[n])
         return out
 
-    def _name(self, live, ids: list[int], logits, pool: list[Candidate]):
+    def _name(self, live, ids: list[int], logits, pool: list[Candidate], reach: float = 0.0):
         """Choose one candidate after the opener by `DecideProfile.name_score` (the model's log-probability of
-        the name, the router's score, the offset of its rank); (name, the log-probabilities scored, ids through
-        the text between name and arguments, logits after them). `all_names`: score every name (the decide eval
-        fits the profile on them), not only those that might win."""
+        the name, the router's score, the offset of its rank); (name, the log-probabilities scored, whether
+        another name scored within `reach` of it: a spliced prompt's choice the prompt as text might not make).
+        `all_names`: score every name (the decide eval fits the profile on them), not only those that might win."""
         offsets = {c.name: self.profile.name_score(0.0, c.score, c.rank) for c in pool}
         lps = {pool[0].name: 0.0} if len(pool) == 1 else self.name_logprobs(
-            live, ids, logits, [c.name for c in pool], None if self.all_names else offsets)
-        name = max((c for c in pool if c.name in lps), key=lambda c: lps[c.name] + offsets[c.name]).name
-        ids = ids + self.tok.encode(name) + self.between
-        return name, lps, ids, live.prefill(ids)
+            live, ids, logits, [c.name for c in pool], None if self.all_names else offsets, reach)
+        totals = sorted((lps[c.name] + offsets[c.name], c.rank, c.name) for c in pool if c.name in lps)
+        best = max((c for c in pool if c.name in lps), key=lambda c: lps[c.name] + offsets[c.name]).name
+        near = len(totals) > 1 and reach > 0 and totals[-1][0] - totals[-2][0] <= reach
+        return best, lps, near
 
     def text_mask(self) -> Callable:
         """A logits processor that keeps a text decision text: the call opener's first token is forbidden, and so

@@ -31,7 +31,10 @@ class DecideProfile:
     it, the answer is text whatever the router's evidence (the model is sure; 0: never); a candidate's name scores
     the model's log-probability of it + name_weight x the router's score + rank_bias[its rank in the list shown]
     (small models favour the first tools listed: the fitted offsets counter it); splice: the candidates' schemas
-    are spliced from KV blocks (`turn.blocks`) where the backend can; source: where the numbers come from
+    are spliced from KV blocks (`turn.blocks`) where the backend can; splice_err / splice_name_err: how far a
+    spliced prompt's reading may lie from the same prompt's prefilled as text, in logit p(call) and in a gap
+    between two names' log-probabilities (measured by `nexus eval decide --splice`): a spliced decision within that
+    reach of the other outcome is made again on the prompt as text (0: never); source: where the numbers come from
     (default | calibrated: how, when); metrics: what the calibration measured."""
 
     mode: str = "model"
@@ -47,6 +50,8 @@ class DecideProfile:
     name_weight: float = 0.0
     rank_bias: list = field(default_factory=list)
     splice: bool = True
+    splice_err: float = 0.0
+    splice_name_err: float = 0.0
     source: str = "default"
     metrics: dict = field(default_factory=dict)
 
@@ -55,6 +60,9 @@ class DecideProfile:
             raise ValueError(f"unknown decide mode {self.mode!r}; choose {' or '.join(MODES)}")
         if not 0.0 <= self.p_veto < 1.0:
             raise ValueError(f"p_veto is a probability below 1, got {self.p_veto}")
+        if self.splice_err < 0 or self.splice_name_err < 0:
+            raise ValueError(f"splice_err and splice_name_err are distances >= 0, got {self.splice_err}, "
+                             f"{self.splice_name_err}")
         if self.k < 1 or self.k_sure < 0 or self.fit_all < 0:
             raise ValueError(f"k must be >= 1, k_sure and fit_all >= 0, got k={self.k}, k_sure={self.k_sure}, "
                              f"fit_all={self.fit_all}")
@@ -68,6 +76,20 @@ class DecideProfile:
         p = min(max(p_call, 1e-9), 1 - 1e-9)
         return (self.bias + self.w_model * math.log(p / (1 - p)) + self.w_top1 * top1 + self.w_margin * margin
                 + self.w_values * values)
+
+    def calls(self, p_call: float, top1: float, margin: float, values: int = 0, unread: bool = False) -> bool:
+        """Call or text, as the decider decides on the largest reading's p(call): the score, then the veto (which an
+        unread reading beside lifts)."""
+        return self.call_score(p_call, top1, margin, values) > 0 and (p_call >= self.p_veto or unread)
+
+    def splice_may_flip(self, p_call: float, top1: float, margin: float, values: int = 0,
+                        unread: bool = False) -> bool:
+        """Whether p(call) read on a spliced prompt is within `splice_err` (in logit) of deciding the other way."""
+        if not self.splice_err:
+            return False
+        p = min(max(p_call, 1e-9), 1 - 1e-9)
+        lo, hi = (1 / (1 + math.exp(-(math.log(p / (1 - p)) + e))) for e in (-self.splice_err, self.splice_err))
+        return self.calls(lo, top1, margin, values, unread) != self.calls(hi, top1, margin, values, unread)
 
     def name_score(self, logprob: float, score: float, rank: int) -> float:
         """How a candidate's name ranks: the model's log-probability, the router's score, the order offset."""

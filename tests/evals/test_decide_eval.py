@@ -204,3 +204,28 @@ def test_the_models_near_certain_no_overrules_the_router():
     assert all(apply(prof, m) == "a" for it, m in rows if it["kind"] == "relevant")
     with pytest.raises(ValueError, match="p_veto"):
         DecideProfile(p_veto=1.0)
+
+
+def test_a_spliced_reading_within_the_splice_reach_is_rechecked_on_the_text_reading():
+    """The offline twin of the decider's recheck: a spliced measurement within `splice_err` of the other
+    call-or-text outcome, or whose chosen name is within `splice_name_err` of another, takes the text prompt's
+    decision; beyond that reach the spliced one stands. The reach is the largest distance measured, with slack."""
+    from evals.decide_fit import SPLICE_SLACK, rechecked_pick, splice_near, splice_reach
+
+    prof = DecideProfile(mode="model", bias=0.0, w_model=1.0, splice_err=0.5, splice_name_err=0.3)
+    _, s = _measured("relevant", 0.55, {"a": -0.2, "b": -0.4}, "a")  # logit 0.2: 0.5 from text would flip it
+    _, t = _measured("relevant", 0.45, {"a": -0.5, "b": -0.3}, "a")
+    assert apply(prof, s) == "a" and apply(prof, t) is None
+    assert splice_near(prof, s) == "call" and rechecked_pick(prof, s, t) == (None, "call")
+    s2, t2 = dict(s, p_call=0.9), dict(t, p_call=0.9)  # a sure call, names 0.2 apart: the name is rechecked
+    assert splice_near(prof, s2) == "name" and rechecked_pick(prof, s2, t2) == ("b", "name")
+    far = dict(s2, lps={"a": -0.1, "b": -2.0})
+    assert splice_near(prof, far) is None and rechecked_pick(prof, far, t2) == ("a", None)
+    assert splice_near(replace(prof, splice_err=0.0, splice_name_err=0.0), s) is None
+    vetoing = replace(prof, bias=5.0, p_veto=0.05)  # the veto's edge is an outcome's edge too
+    assert splice_near(vetoing, dict(s, p_call=0.04)) == "call" and splice_near(vetoing, dict(s, p_call=0.2)) != "call"
+    err, name_err = splice_reach([(s, t), (s2, t2)])
+    assert err == pytest.approx(2 * 0.2007 * SPLICE_SLACK, rel=1e-3)  # |logit 0.55 - logit 0.45|
+    assert name_err == pytest.approx(0.4 * SPLICE_SLACK)  # the gap a - b: +0.2 spliced, -0.2 as text
+    with pytest.raises(ValueError, match="splice_err"):
+        DecideProfile(splice_err=-1.0)

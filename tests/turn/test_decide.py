@@ -598,3 +598,42 @@ def test_the_models_near_certain_no_is_a_text_answer(qwen_backends, router, name
             assert d.vetoed == (d.p_call < 0.5) and d.kind == ("text" if d.vetoed else "call")
     finally:
         live.close()
+
+
+def test_a_spliced_decision_within_the_splice_reach_is_made_again_on_the_prompt_as_text(qwen_backends, router):
+    """Blocks compiled right after the tools preamble and spliced deeper read p(call) and the names close to text
+    prefill, not exactly (README, *Deciding*). Where the spliced reading is within the profile's measured reach of
+    another outcome the decider decides again on the prompt prefilled as text, and makes text prefill's decision;
+    with no reach it keeps the spliced reading."""
+    from nexus_agent.turn.engine import decision_prompt
+
+    b = qwen_backends("llamacpp")
+    cands = [Candidate(t, 0.0, i) for i, t in enumerate(TOOLS.values())]
+
+    def run(text: str, blocks: ToolBlocks | None, **reach):
+        decider = Decider(b, DecideProfile(mode="model", **reach), blocks=blocks)
+        msgs = [{"role": "user", "content": text}]
+        if blocks is not None:  # each candidate's block computed where `nexus compile` puts it, after the head
+            ids, spans = decision_prompt(decider, msgs, cands)
+            blocks.compile(ids[:spans[0][0]], [ids[a:c] for a, c in spans])
+        live = LiveContext(b, None, 4096)
+        try:
+            d = decide_turn(decider, router, TOOLS, msgs, lambda ids: live, 4096).decision
+            return d, list(live.ids)
+        finally:
+            live.close()
+
+    blocks = ToolBlocks(b)
+    for text in ("Add 12 and 30", "Thanks, that's all I needed."):
+        want, _ = run(text, None)
+        kept, _ = run(text, blocks)
+        assert kept.spliced == len(TOOLS) + 1 and kept.rechecked == []
+        again, held = run(text, blocks, splice_err=50.0)  # every reading is within reach: rechecked
+        assert again.rechecked[:1] == ["call"], again
+        assert (again.kind, [c.name for c in again.calls]) == (want.kind, [c.name for c in want.calls])
+        assert abs(again.p_call - want.p_call) < 0.01 and again.prefill_ms > 0
+        if want.kind == "call":
+            assert again.calls[0].arguments == want.calls[0].arguments
+        named, _ = run(text, blocks, splice_name_err=50.0)  # a call's name within reach: rechecked alone
+        assert named.rechecked == (["name"] if named.kind == "call" else []), named
+        assert [c.name for c in named.calls] == [c.name for c in want.calls] or want.kind == "text"

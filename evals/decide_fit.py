@@ -151,11 +151,11 @@ def veto_level(measured: list[tuple[dict, dict]]) -> float:
 
 
 def with_values(it: dict, m: dict) -> dict:
-    """`m` with the request's value words (`decide.request_values` of the item's last user message), which
+    """`m` with the request's value words (`request_parts.request_values` of the item's last user message), which
     measurements before they were recorded lack."""
     if m is not None and "values" not in m:
-        from nexus_agent.turn.decide import request_values
         from nexus_agent.turn.engine import last_user
+        from nexus_agent.turn.request_parts import request_values
 
         m["values"] = request_values(last_user(it.get("messages", [])))
     return m

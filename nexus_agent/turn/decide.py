@@ -20,7 +20,6 @@ One pass over one live context, in the call format of the model's own template (
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -30,12 +29,10 @@ import numpy as np
 
 from nexus_agent.turn.call_format import CallFormat, probe_call_format
 from nexus_agent.turn.profile import DecideProfile
+from nexus_agent.turn.request_parts import call_key, new_part, request_values, values_left
 from nexus_agent.turn.retrieval import steps_left
 
 MAX_PARALLEL = 4
-VALUES_CAP = 1  # a request's value words counted for the call-or-text decision, at most: whether it names one (a
-# count up to 3 scored better on the public data, whose requests name many values, and answered "What time is it
-# in Paris?" in text: a short request names one)
 
 
 @dataclass
@@ -275,13 +272,13 @@ class Decider:
                 d.kind, logits = "text", live.prefill(prompt)  # the context holds the prompt again
                 d.decide_ms = (time.perf_counter() - t0) * 1e3
                 return d, prompt, logits
-            if d.calls and not _new_part(args, d.calls, request):
+            if d.calls and not new_part(args, d.calls, request):
                 break  # a further call must act on a part of the request no earlier call took (small models
                 # otherwise repeat a call, or call every candidate with the same value)
             d.calls.append(Choice(name, args, problem, text))
             ids = done = self._after_arguments(live, ids, text) + self.closer
-            if not parallel or len(d.calls) >= MAX_PARALLEL or named or not _values_left(request, d.calls):
-                break  # (no value of the request is left for a further call: `_new_part` would drop it, decoded)
+            if not parallel or len(d.calls) >= MAX_PARALLEL or named or not values_left(request, d.calls):
+                break  # (no value of the request is left for a further call: `new_part` would drop it, decoded)
             logits = live.prefill(ids)
             p = np.exp(logits.astype(np.float64) - logits.max())
             if p[self.next_call].sum() / p.sum() < 0.5:  # the model would rather end its message
@@ -394,76 +391,6 @@ class Decider:
                     logits[first] = -np.inf
             return logits
         return mask
-
-
-def call_key(name: str, arguments: dict | None) -> str:
-    """A call as one string: the name and the arguments' canonical JSON (keys sorted, null values left out)."""
-    args = {k: v for k, v in (arguments or {}).items() if v is not None}
-    return name + json.dumps(args, sort_keys=True, ensure_ascii=False)
-
-
-def _leaves(value) -> list:
-    if isinstance(value, dict):
-        return [x for v in value.values() for x in _leaves(v)]
-    if isinstance(value, list):
-        return [x for v in value for x in _leaves(v)]
-    return [value]
-
-
-def _words(values) -> set[str]:
-    return {w for v in values if v is not None for w in re.findall(r"\w+", str(v).lower())}
-
-
-def _taken(earlier: list[Choice]) -> set[str]:
-    """The words of every argument value the calls in `earlier` wrote."""
-    return _words(v for c in earlier for v in _leaves(c.arguments or {}))
-
-
-_QUOTED = re.compile(r"[\"“`「『《]([^\"”`」』》\n]+)[\"”`」』》]"  # an apostrophe is no quote (that's, I'm)
-                     r"|(?<!\w)['‘]([^'’\n]+)['’]")
-_INNER = re.compile(r"\w[/@:_.\\]\w")
-
-
-def _value_words(request: str) -> set[str]:
-    """The request's words that look like values a call takes: quoted, or in a word with a digit, with a path's or
-    an address's inner punctuation (/ @ : _ .), or capitalised away from a sentence's start ("Paris", not "Find";
-    not "I" or "I'm")."""
-    out = {w for m in _QUOTED.finditer(request) for w in _words([m.group(1) or m.group(2)])}
-    prev = "."
-    for chunk in request.split():
-        core = chunk.strip("()[]{},;:!?\"'“”‘’`")
-        if core and (any(ch.isdigit() for ch in core) or _INNER.search(core)
-                     or (core[0].isupper() and prev[-1] not in ".?!" and re.split(r"['’]", core)[0] != "I")):
-            out |= _words([core])
-        prev = chunk
-    return out
-
-
-def request_values(request: str) -> int:
-    """How many words of `request` look like values a call takes (`_value_words`), at most `VALUES_CAP` (1:
-    whether it names one)."""
-    return min(len(_value_words(request)), VALUES_CAP)
-
-
-def _values_left(request: str, earlier: list[Choice]) -> bool:
-    """Whether a value of `request` is left that no call in `earlier` took: a further call that takes none of the
-    request's values could not act on a part of its own (`_new_part`), so it is not decoded. A word of a called
-    tool's name is no value left ("an Uber" after `uber.ride` took every value)."""
-    from nexus_agent.arguments.copy_sources import name_words
-
-    named = {w for c in earlier for w in name_words(c.name)}
-    return bool(_value_words(request) - _taken(earlier) - named)
-
-
-def _new_part(args: dict | None, earlier: list[Choice], request: str) -> bool:
-    """Whether `args` act on their own part of `request`: of the request's words they take, the ones no earlier
-    call took are at least as many as the ones an earlier call took ("London" after "Paris" in the same unit;
-    not "Tokyo" after "Asia/Tokyo", nor `git_show` "last 3 commits" in the repository `git_log` took with 3:
-    a call that shares most of its words with one made is a step after it, made once its result is seen)."""
-    asked = _words([request])
-    taken = _taken(earlier) & asked
-    mine = _words(_leaves(args or {})) & asked
-    return bool(mine - taken) and len(mine - taken) >= len(mine & taken)
 
 
 def decider_for(backend) -> Decider:

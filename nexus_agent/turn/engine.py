@@ -15,7 +15,8 @@ from nexus_agent.arguments.constrained import grammar_enforces, token_bytes
 from nexus_agent.arguments.copy_sources import Source
 from nexus_agent.arguments.decoder import budgets, describe_miss
 from nexus_agent.arguments.in_place import decode_in_place
-from nexus_agent.turn.decide import Candidate, Decider, Decision, call_key, top_k
+from nexus_agent.turn.decide import Candidate, Decider, Decision, top_k
+from nexus_agent.turn.request_parts import call_key
 from nexus_agent.turn.retrieval import retrieve
 
 

@@ -26,7 +26,7 @@ class DecideProfile:
     the router's pick is the only candidate, the model decides call or text and fills the arguments); fit_all: show
     every tool when there are at most this many (they fit the prompt); call = bias + w_model * logit(p_call) +
     w_top1 * top-1 score + w_margin * margin + w_values * values > 0 decides call vs text (p_call: the model's
-    probability of starting a call; values: whether the request names a value a call takes, `decide.request_values`:
+    probability of starting a call; values: whether the request names a value a call takes, `request_parts.request_values`:
     chatter rarely names one); p_veto: where the model's own p(call), on every reading of the conversation, is below
     it, the answer is text whatever the router's evidence (the model is sure; 0: never); a candidate's name scores
     the model's log-probability of it + name_weight x the router's score + rank_bias[its rank in the list shown]

@@ -37,7 +37,7 @@ def test_tiny_run_writes_the_json_the_issue_names(routing_data, tmp_path, capsys
     assert r["profiles"]["smollm2"]["mode"] == "router"
     measured = json.loads(dump.read_text())["smollm2"]["10"]["top3"]
     assert len(measured) == 5 and all(0.0 <= m["p_call"] <= 1.0 for _, m in measured)
-    from nexus_agent.turn.decide import request_values
+    from nexus_agent.turn.request_parts import request_values
 
     assert all(m["values"] == request_values(it["messages"][-1]["content"]) for it, m in measured)
     sure = json.loads(dump.read_text())["smollm2"]["10"]["top3-sure1"]  # the gate sure: the router's pick alone

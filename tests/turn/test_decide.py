@@ -193,8 +193,8 @@ def _candidates():
 
 
 def test_a_call_the_turn_already_made_is_not_made_again(qwen_backends, router):
-    from nexus_agent.turn.decide import call_key
     from nexus_agent.turn.engine import calls_made
+    from nexus_agent.turn.request_parts import call_key
 
     messages = [{"role": "user", "content": "Add 12 and 30"},
                 {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
@@ -214,43 +214,45 @@ def test_a_call_the_turn_already_made_is_not_made_again(qwen_backends, router):
 
 
 def test_a_parallel_call_must_act_on_its_own_part_of_the_request():
-    from nexus_agent.turn.decide import Choice, _new_part
+    from nexus_agent.turn.decide import Choice
+    from nexus_agent.turn.request_parts import new_part
 
     weather = "What is the weather in Paris and in London, in celsius?"
     paris = [Choice("get_weather", {"city": "Paris", "unit": "celsius"})]
-    assert _new_part({"city": "London", "unit": "celsius"}, paris, weather)  # one word its own, one shared
-    assert not _new_part({"city": "Paris", "unit": "celsius"}, paris, weather)
+    assert new_part({"city": "London", "unit": "celsius"}, paris, weather)  # one word its own, one shared
+    assert not new_part({"city": "Paris", "unit": "celsius"}, paris, weather)
     tokyo = [Choice("get_current_time", {"timezone": "Asia/Tokyo"})]
-    assert not _new_part({"timezone": "Tokyo"}, tokyo, "What time is it in Tokyo (Asia/Tokyo)?")
+    assert not new_part({"timezone": "Tokyo"}, tokyo, "What time is it in Tokyo (Asia/Tokyo)?")
     repo = "/tmp/work/repo"
     asked = f"Show the last 3 commits of the repository at {repo}"
     log = [Choice("git_log", {"repo_path": repo, "max_count": 3})]
     # "last" and "commits" are new, but the path and the count are git_log's: a step after it, not beside it
-    assert not _new_part({"repo_path": repo, "revision": "last 3 commits"}, log, asked)
+    assert not new_part({"repo_path": repo, "revision": "last 3 commits"}, log, asked)
 
 
 def test_a_further_call_is_tried_only_while_a_value_of_the_request_is_left():
-    from nexus_agent.turn.decide import Choice, _value_words, _values_left
+    from nexus_agent.turn.decide import Choice
+    from nexus_agent.turn.request_parts import _value_words, values_left
 
     assert _value_words("Find the average closing price of Apple stock in the past 60 days") == {"apple", "60"}
     assert _value_words("Search for a hotel in Toronto, Canada? I would like one room.") == {"toronto", "canada"}
     assert _value_words("email bob@example.org the file 'Q3 plan' from /tmp/a") == {
         "bob", "example", "org", "q3", "plan", "tmp", "a"}
     apple = [Choice("avg_closing_price", {"company": "Apple", "days": 60, "data_source": "yahoo finance"})]
-    assert not _values_left("Find the average closing price of Apple stock in the past 60 days", apple)
+    assert not values_left("Find the average closing price of Apple stock in the past 60 days", apple)
     weather = "What is the weather in Paris and in London?"
-    assert _values_left(weather, [Choice("get_weather", {"city": "Paris"})])
-    assert not _values_left(weather, [Choice("get_weather", {"city": "Paris"}), Choice("get_weather",
+    assert values_left(weather, [Choice("get_weather", {"city": "Paris"})])
+    assert not values_left(weather, [Choice("get_weather", {"city": "Paris"}), Choice("get_weather",
                                                                                        {"city": "London"})])
     uber = "Tôi cần một chuyến xe Uber loại 'Plus' từ '2150 Shattuck Ave, Berkeley, CA', chờ tối đa 10 phút."
     ride = {"loc": "2150 Shattuck Ave, Berkeley, CA", "time": 10, "type": "plus"}
-    assert not _values_left(uber, [Choice("uber.ride", ride)])  # "Uber" names the tool called, no value left
-    assert _values_left(uber, [Choice("taxi.ride", ride)])
+    assert not values_left(uber, [Choice("uber.ride", ride)])  # "Uber" names the tool called, no value left
+    assert values_left(uber, [Choice("taxi.ride", ride)])
 
 
 def test_a_request_counts_the_values_it_names_up_to_a_cap():
     """VALUES_CAP 1: whether the request names a value at all."""
-    from nexus_agent.turn.decide import VALUES_CAP, request_values
+    from nexus_agent.turn.request_parts import VALUES_CAP, request_values
 
     assert request_values("Bonjour, comment ça va ?") == 0 and request_values("Tell me a joke.") == 0
     assert request_values("What time is it in Tokyo?") == 1 == VALUES_CAP

@@ -22,20 +22,20 @@ _DEFAULTS = Path(__file__).with_name("decide_defaults.json")
 @dataclass
 class DecideProfile:
     """mode: "model" (the model decides among the candidates) or "router" (the router's pick stands); k: candidates
-    shown; k_sure: candidates shown when the router's gate is sure (its path "auto": margin over tau), 0 for k (1:
-    the router's pick is the only candidate, the model decides call or text and fills the arguments); fit_all: show
-    every tool when there are at most this many (they fit the prompt); call = bias + w_model * logit(p_call) +
-    w_top1 * top-1 score + w_margin * margin + w_values * values > 0 decides call vs text (p_call: the model's
-    probability of starting a call; values: whether the request names a value a call takes, `request_parts.request_values`:
-    chatter rarely names one); p_veto: where the model's own p(call), on every reading of the conversation, is below
-    it, the answer is text whatever the router's evidence (the model is sure; 0: never); a candidate's name scores
-    the model's log-probability of it + name_weight x the router's score + rank_bias[its rank in the list shown]
-    (small models favour the first tools listed: the fitted offsets counter it); splice: the candidates' schemas
-    are spliced from KV blocks (`turn.blocks`) where the backend can; splice_err / splice_name_err: how far a
-    spliced prompt's reading may lie from the same prompt's prefilled as text, in logit p(call) and in a gap
-    between two names' log-probabilities (measured by `nexus eval decide --splice`): a spliced decision within that
-    reach of the other outcome is made again on the prompt as text (0: never); source: where the numbers come from
-    (default | calibrated: how, when); metrics: what the calibration measured."""
+    shown; k_sure: candidates shown when the router's gate is sure (its path "auto": margin over tau), 0 for k (1: the
+    router's pick is the only candidate, the model decides call or text and fills the arguments); fit_all: show every
+    tool when there are at most this many (they fit the prompt); call = bias + w_model * logit(p_call) + w_top1 * top-1
+    score + w_margin * margin + w_values * values > 0 decides call vs text (p_call: the model's probability of starting
+    a call; values: whether the request names a value a call takes, `request_parts.request_values`: chatter rarely names
+    one); p_veto: where the model's own p(call), on every reading of the conversation, is below it, the answer is text
+    whatever the router's evidence (the model is sure; 0: never); a candidate's name scores the model's log-probability
+    of it + name_weight x the router's score + rank_bias[its rank in the list shown] (small models favour the first
+    tools listed: the fitted offsets counter it); splice: the candidates' schemas are spliced from KV blocks
+    (`turn.blocks`) where the backend can; splice_err / splice_name_err: how far a spliced prompt's reading may lie from
+    the same prompt's prefilled as text, in logit p(call) and in a gap between two names' log-probabilities (measured by
+    `nexus eval decide --splice`): a spliced decision within that reach of the other outcome is made again on the prompt
+    as text (0: never); source: where the numbers come from (default | calibrated: how, when); metrics: what the
+    calibration measured."""
 
     mode: str = "model"
     k: int = 5

@@ -54,7 +54,8 @@ class EmbeddingStore:
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":  # switched once, by one process
+                conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
         except BaseException:
@@ -63,11 +64,14 @@ class EmbeddingStore:
         return conn
 
     def _run(self, work, default):
-        """`work(conn)` on a fresh connection; a corrupt file is moved aside once and the work retried; any other
-        failure disables the store for this process (one warning) and returns `default`."""
+        """`work(conn)` on a fresh connection; a corrupt file is moved aside once and the work retried; a lock SQLite
+        reports without waiting (two processes creating the file at once: one switches it to WAL while the other
+        opens it, 1 run in 80 here) is retried until the busy timeout; any other failure disables the store for
+        this process (one warning) and returns `default`."""
         if self.disabled:
             return default
-        for attempt in (0, 1):
+        moved, deadline, pause = False, time.monotonic() + BUSY_TIMEOUT_S, 0.005
+        while True:
             try:
                 conn = self._connect()
                 try:
@@ -75,15 +79,20 @@ class EmbeddingStore:
                 finally:
                     conn.close()
             except sqlite3.DatabaseError as e:
-                corrupt = "not a database" in str(e) or "malformed" in str(e)
-                if attempt == 0 and corrupt and self._move_aside():
+                text = str(e)
+                if not moved and ("not a database" in text or "malformed" in text):
+                    moved = True
+                    if self._move_aside():
+                        continue
+                elif _transient(e) and time.monotonic() < deadline:
+                    time.sleep(pause)
+                    pause = min(2 * pause, 0.25)
                     continue
                 self._disable(f"{type(e).__name__}: {e}")
                 return default
             except OSError as e:
                 self._disable(f"{type(e).__name__}: {e}")
                 return default
-        return default
 
     def _move_aside(self) -> bool:
         try:
@@ -167,6 +176,11 @@ class _write:
     def __exit__(self, kind, value, tb):
         self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
         return False
+
+
+def _transient(e: sqlite3.DatabaseError) -> bool:
+    """A lock another connection holds for a moment ("database is locked", "database table is locked", busy)."""
+    return isinstance(e, sqlite3.OperationalError) and ("locked" in str(e) or "busy" in str(e))
 
 
 def _decode(blob: bytes, dim: int, want: int) -> np.ndarray | None:

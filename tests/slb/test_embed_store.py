@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +108,33 @@ def test_two_processes_write_at_once(tmp_path):
     store = EmbeddingStore(path)
     want = [f"{who}-{b}-{i}" for who in "ab" for b in range(40) for i in range(10)] + [f"shared-{i}" for i in range(8)]
     assert len(store) == len(want) and len(store.get("m", want, 8)) == len(want)
+
+
+def test_a_store_opened_while_another_process_creates_it_waits_for_the_lock(tmp_path):
+    """The race of two processes creating the file at once (1 run in 80 of the test above, once in CI): the other
+    holds a write lock on the new file, still in rollback mode, and SQLite refuses the switch to WAL at once,
+    without the busy timeout. The store waits for the lock instead of turning itself off."""
+    path = tmp_path / "e.sqlite"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE t (x)")
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO t VALUES (1)")
+    with sqlite3.connect(path) as probe:  # what the store meets: the switch fails without waiting
+        try:
+            probe.execute("PRAGMA journal_mode=WAL")
+            raise AssertionError("SQLite switched to WAL under another connection's write lock")
+        except sqlite3.OperationalError as e:
+            assert "locked" in str(e)
+    release = threading.Timer(0.5, lambda: other.execute("COMMIT"))
+    release.start()
+    store = EmbeddingStore(path)
+    rows = unit_rows(4)
+    try:
+        assert store.put("m", rows) == 4
+    finally:
+        release.join()
+        other.close()
+    assert store.disabled is None and sorted(store.get("m", list(rows), 8)) == sorted(rows)
 
 
 def test_an_embedder_with_a_store_embeds_a_tool_once_across_instances(tmp_path):

@@ -32,6 +32,7 @@ from typing import Any, Iterable
 from registry.examples import SOURCES, Example, example_checksum, normalize_example, template_examples
 from registry.home import home_path
 from registry.model import Tool, ToolValidationError, canonical_json
+from registry.sqlite_wal import use_wal
 
 MAX_LEARNED = 32  # learned examples kept per tool (the oldest go first)
 
@@ -164,7 +165,7 @@ class RegistryStore:
             str(self.path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
         self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        self._db.execute("PRAGMA journal_mode = WAL")
+        use_wal(self._db, busy_timeout_s)
         self._db.execute("PRAGMA synchronous = NORMAL")
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.executescript(SCHEMA)  # idempotent; runs in its own implicit transaction

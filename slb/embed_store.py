@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from registry.sqlite_wal import use_wal
+
 DEFAULT_MAX_ROWS = 50_000  # ~80 MB of 384-d float32 rows; the public catalogue is 2,052 tools
 BUSY_TIMEOUT_S = 30.0
 TOUCH_AFTER_S = 3600.0  # a read refreshes a row's last-used time at most once an hour (reads stay reads)
@@ -54,8 +56,7 @@ class EmbeddingStore:
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         try:
-            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":  # switched once, by one process
-                conn.execute("PRAGMA journal_mode=WAL")
+            use_wal(conn, BUSY_TIMEOUT_S)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
         except BaseException:
@@ -64,10 +65,10 @@ class EmbeddingStore:
         return conn
 
     def _run(self, work, default):
-        """`work(conn)` on a fresh connection; a corrupt file is moved aside once and the work retried; a lock SQLite
-        reports without waiting (two processes creating the file at once: one switches it to WAL while the other
-        opens it, 1 run in 80 here) is retried until the busy timeout; any other failure disables the store for
-        this process (one warning) and returns `default`."""
+        """`work(conn)` on a fresh connection; a corrupt file is moved aside once and the work retried; a lock is
+        retried until the busy timeout, also one SQLite reports without waiting (`registry.sqlite_wal`: two
+        processes creating the file at once turned the store off in 1 run in 80 here); any other failure disables
+        the store for this process (one warning) and returns `default`."""
         if self.disabled:
             return default
         moved, deadline, pause = False, time.monotonic() + BUSY_TIMEOUT_S, 0.005

@@ -25,6 +25,27 @@ def test_wal_and_tables(store):
     assert store.path.name == "registry.sqlite" and store.path.exists()
 
 
+def test_a_registry_opened_while_another_process_creates_it_waits_for_the_lock(tmp_path):
+    """Two `nexus` commands on a fresh home: the other holds a write lock on the new file, still in rollback mode,
+    where SQLite refuses the switch to WAL at once (no busy timeout); the store waits for it, not an error."""
+    import threading
+
+    path = tmp_path / "registry.sqlite"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE t (x)")
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO t VALUES (1)")
+    release = threading.Timer(0.5, lambda: other.execute("COMMIT"))
+    release.start()
+    try:
+        with RegistryStore(path) as store:
+            assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert store.add_tools([tool_dict("a")]).added == ["a"]
+    finally:
+        release.join()
+        other.close()
+
+
 def test_reregister_is_idempotent_and_change_bumps_version(store):
     r1 = store.add_tools([tool_dict("a"), tool_dict("b")], server=None)
     assert r1.added == ["a", "b"] and r1.ok

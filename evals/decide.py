@@ -79,6 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all-tools", action="store_true", help="also the variant with every tool in the prompt")
     p.add_argument("--splice", action="store_true",
                    help="also each top-k with the candidates spliced from KV blocks (fidelity and prefill speed-up)")
+    p.add_argument("--splice-head", type=int, default=None, metavar="N",
+                   help="tokens of each spliced tool block recomputed after the splice (default: the shipped "
+                        "`turn.blocks.DEFAULT_HEAD`)")
     p.add_argument("--relevant", type=int, default=60, help="relevant requests scored per size")
     p.add_argument("--n-irrelevant", type=int, default=30, help="irrelevant prompts scored per size")
     p.add_argument("--n-chat", type=int, default=60, help="conversational turns scored per size")
@@ -305,7 +308,8 @@ def run(args: argparse.Namespace) -> dict:
     for model in args.model.split(","):
         engine = Engine(EngineConfig(model=model, n_ctx=args.n_ctx))
         can = engine.backend.capabilities.can_splice and engine.decider.fmt.template_tools
-        blocks = ToolBlocks(engine.backend) if args.splice and can else None
+        head = {} if args.splice_head is None else {"head": args.splice_head}
+        blocks = ToolBlocks(engine.backend, **head) if args.splice and can else None
         shipped_blocks = engine.decider.blocks
         shipped = load_decide_profile(engine.backend.info.fingerprint, engine.decider.fmt.template_tools)
         sures = sorted(asked_sures | ({shipped.k_sure} if shipped.k_sure else set()))  # what ships is measured

@@ -111,9 +111,10 @@ def test_two_processes_write_at_once(tmp_path):
 
 
 def test_a_store_opened_while_another_process_creates_it_waits_for_the_lock(tmp_path):
-    """The race of two processes creating the file at once (1 run in 80 of the test above, once in CI): the other
-    holds a write lock on the new file, still in rollback mode, and SQLite refuses the switch to WAL at once,
-    without the busy timeout. The store waits for the lock instead of turning itself off."""
+    """The race of two processes creating the file at once (1 writer process in 80 on fresh files here; once in a
+    clean clone's run of the test above): the other holds a write lock on the new file, still in rollback mode, and
+    SQLite refuses the switch to WAL at once, without the busy timeout. The store waits for the lock instead of
+    turning itself off."""
     path = tmp_path / "e.sqlite"
     other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     other.execute("CREATE TABLE t (x)")

@@ -65,14 +65,12 @@ class EmbeddingStore:
         return conn
 
     def _run(self, work, default):
-        """`work(conn)` on a fresh connection; a corrupt file is moved aside once and the work retried; a lock is
-        retried until the busy timeout, also one SQLite reports without waiting (`registry.sqlite_wal`: two
-        processes creating the file at once turned the store off in 1 run in 80 here); any other failure disables
-        the store for this process (one warning) and returns `default`."""
+        """`work(conn)` on a fresh connection; a corrupt file is moved aside once and the work retried; any other
+        failure disables the store for this process (one warning) and returns `default`. Locks wait on the busy
+        timeout, the switch to WAL of a file another process is creating included (`registry.sqlite_wal`)."""
         if self.disabled:
             return default
-        moved, deadline, pause = False, time.monotonic() + BUSY_TIMEOUT_S, 0.005
-        while True:
+        for attempt in (0, 1):
             try:
                 conn = self._connect()
                 try:
@@ -80,20 +78,15 @@ class EmbeddingStore:
                 finally:
                     conn.close()
             except sqlite3.DatabaseError as e:
-                text = str(e)
-                if not moved and ("not a database" in text or "malformed" in text):
-                    moved = True
-                    if self._move_aside():
-                        continue
-                elif _transient(e) and time.monotonic() < deadline:
-                    time.sleep(pause)
-                    pause = min(2 * pause, 0.25)
+                corrupt = "not a database" in str(e) or "malformed" in str(e)
+                if attempt == 0 and corrupt and self._move_aside():
                     continue
                 self._disable(f"{type(e).__name__}: {e}")
                 return default
             except OSError as e:
                 self._disable(f"{type(e).__name__}: {e}")
                 return default
+        return default
 
     def _move_aside(self) -> bool:
         try:
@@ -177,11 +170,6 @@ class _write:
     def __exit__(self, kind, value, tb):
         self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
         return False
-
-
-def _transient(e: sqlite3.DatabaseError) -> bool:
-    """A lock another connection holds for a moment ("database is locked", "database table is locked", busy)."""
-    return isinstance(e, sqlite3.OperationalError) and ("locked" in str(e) or "busy" in str(e))
 
 
 def _decode(blob: bytes, dim: int, want: int) -> np.ndarray | None:

@@ -29,9 +29,13 @@ def apply(profile, m: dict) -> str | None:
 
 def choose_name(profile, m: dict) -> str:
     """The candidate a call of `profile` names on a measured item."""
-    ranked = [(profile.name_score(m["lps"].get(c, -1e9), sc, r), c) for r, (c, sc) in enumerate(zip(m["cands"],
-                                                                                                   m["scores"]))]
-    return max(ranked)[1]
+    return max(_name_totals(profile, m))[1]
+
+
+def _name_totals(profile, m: dict) -> list[tuple[float, str]]:
+    """(`DecideProfile.name_score`, name) of each candidate of a measured item."""
+    return [(profile.name_score(m["lps"].get(c, -1e9), sc, r), c)
+            for r, (c, sc) in enumerate(zip(m["cands"], m["scores"]))]
 
 
 def fit(measured: list[tuple[dict, dict]], router_acc: float, max_lost: float, k: int, fit_all: int,
@@ -98,8 +102,7 @@ def splice_near(profile, m: dict) -> str | None:
         return "call"
     if not profile.splice_name_err or apply(profile, m) is None:
         return None
-    totals = sorted(profile.name_score(m["lps"].get(c, -1e9), sc, r)
-                    for r, (c, sc) in enumerate(zip(m["cands"], m["scores"])))
+    totals = sorted(t for t, _ in _name_totals(profile, m))
     return "name" if len(totals) > 1 and totals[-1] - totals[-2] <= profile.splice_name_err else None
 
 

@@ -291,22 +291,22 @@ class Decider:
                       beside: Callable[[], Iterable[list[int]]] | None) -> bool:
         """Call or text on the prompt's `logits` (`decide`), into `d`; whether a reading beside was unread (the
         model's "no" is then not known to hold: no veto)."""
+        prof = self.profile
         d.p_call, d.values, d.reading = self.p_call(logits), request_values(request), 0
-        d.score = self.profile.call_score(d.p_call, d.top1, d.margin, d.values)
-        veto = self.profile.p_veto
         unread = False
-        for k, alt in enumerate(beside() if beside is not None and (d.score <= 0 or d.p_call < veto) else (), 1):
+        calls = prof.calls(d.p_call, d.top1, d.margin, d.values)
+        for k, alt in enumerate(beside() if beside is not None and not calls else (), 1):
             p = self.p_call_beside(live, ids, alt)
             if p is None:
                 unread = True
                 continue
             if p > d.p_call:
                 d.p_call, d.reading = p, k
-                d.score = self.profile.call_score(d.p_call, d.top1, d.margin, d.values)
-            if d.score > 0 and d.p_call >= veto:
+            if prof.calls(d.p_call, d.top1, d.margin, d.values):
                 break
-        d.vetoed = d.score > 0 and d.p_call < veto and not unread
-        d.kind = "call" if d.score > 0 and not d.vetoed else "text"
+        d.score = prof.call_score(d.p_call, d.top1, d.margin, d.values)
+        d.kind = "call" if prof.calls(d.p_call, d.top1, d.margin, d.values, unread) else "text"
+        d.vetoed = d.score > 0 and d.kind == "text"
         return unread
 
     def p_call_beside(self, live, ids: list[int], alt: list[int]) -> float | None:
@@ -369,10 +369,10 @@ class Decider:
         offsets = {c.name: self.profile.name_score(0.0, c.score, c.rank) for c in pool}
         lps = {pool[0].name: 0.0} if len(pool) == 1 else self.name_logprobs(
             live, ids, logits, [c.name for c in pool], None if self.all_names else offsets, reach)
-        totals = sorted((lps[c.name] + offsets[c.name], c.rank, c.name) for c in pool if c.name in lps)
-        best = max((c for c in pool if c.name in lps), key=lambda c: lps[c.name] + offsets[c.name]).name
-        near = len(totals) > 1 and reach > 0 and totals[-1][0] - totals[-2][0] <= reach
-        return best, lps, near
+        totals = sorted(((lps[c.name] + offsets[c.name], c.name) for c in pool if c.name in lps),
+                        key=lambda t: -t[0])  # stable: the first listed of equal totals first
+        near = reach > 0 and len(totals) > 1 and totals[0][0] - totals[1][0] <= reach
+        return totals[0][1], lps, near
 
     def text_mask(self) -> Callable:
         """A logits processor that keeps a text decision text: the call opener's first token is forbidden, and so

@@ -281,6 +281,8 @@ class LoopGuard:
                 logits = np.where(shorter, logits, -np.inf)
                 allowed = shorter
         loop = _cycle_token(tokens)
+        if loop is not None and loop < len(self.digits) and self.digits[loop] and text[-1:].isdigit():
+            loop = None  # a digit repeated inside a number (10000000) is no loop: the digit caps above bound it
         if loop is not None and allowed[loop] and allowed.sum() > 1:
             logits = logits.copy()
             logits[loop] = -np.inf  # break the loop with the grammar's next-best token

@@ -188,6 +188,20 @@ def test_a_number_array_ends_after_the_numbers_the_request_lists(qwen_backends):
     assert value["rows"] == [[1, 2], [3, 4], [5, 6]]
 
 
+BUDGET = {"type": "object", "properties": {"budget": {"type": "integer"}}, "required": ["budget"]}
+
+
+@pytest.mark.parametrize("backend_name", ["llamacpp-smollm2", "llamacpp-qwen"])
+def test_a_copied_number_keeps_its_run_of_zeros(llamacpp_backend, qwen_backends, backend_name):
+    """BFCL multiple_128 ("shareholder's equity of $10,000,000"): the copy was ranked whole, but the loop guard took
+    the seventh `0` in a row for a loop and closed the number at 1000000; a digit run inside a number is bounded by
+    the digit caps, not by the loop guard."""
+    backend = llamacpp_backend if backend_name.endswith("smollm2") else qwen_backends("llamacpp")
+    value = _decode(backend, BUDGET, "Plan the campaign with a budget of $10,000,000.",
+                    sig="plan_campaign(budget: int) — plan a campaign")
+    assert value == {"budget": 10000000}
+
+
 @pytest.mark.parametrize("backend_name", ["llamacpp-smollm2", "llamacpp-qwen"])
 def test_the_word_that_names_a_parameter_is_not_its_value(llamacpp_backend, qwen_backends, backend_name):
     backend = llamacpp_backend if backend_name.endswith("smollm2") else qwen_backends("llamacpp")

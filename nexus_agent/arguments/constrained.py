@@ -259,10 +259,13 @@ class LoopGuard:
     """Logits processor (after the grammar): break the loops and runaway numbers of greedy small-model
     decoding. It only ever removes a token the grammar allowed when another allowed one remains, so the
     output stays grammar-valid. Given `max_tokens`, the last `reserve` tokens prefer closers (`"`, `]`, `}`)
-    wherever the grammar allows one, so a long array or string is closed before the limit cuts the JSON."""
+    wherever the grammar allows one, so a long array or string is closed before the limit cuts the JSON. A token
+    that one of `copies` (processors before it, e.g. a `CopyBias`) names as its `forced` copy token is never taken
+    for a loop: a copied value repeats only what its source writes."""
 
-    def __init__(self, tokenizer, max_tokens: int | None = None, reserve: int = 12):
+    def __init__(self, tokenizer, max_tokens: int | None = None, reserve: int = 12, copies: Sequence = ()):
         _REFS[id(tokenizer)] = tokenizer
+        self.copies = list(copies)
         self.tokenizer = tokenizer
         self.digits = _digit_tokens(tokenizer.digest, id(tokenizer))
         self.closers = _closer_tokens(tokenizer.digest, id(tokenizer))
@@ -281,8 +284,8 @@ class LoopGuard:
                 logits = np.where(shorter, logits, -np.inf)
                 allowed = shorter
         loop = _cycle_token(tokens)
-        if loop is not None and loop < len(self.digits) and self.digits[loop] and text[-1:].isdigit():
-            loop = None  # a digit repeated inside a number (10000000) is no loop: the digit caps above bound it
+        if loop is not None and any(getattr(p, "forced", None) == loop for p in self.copies):
+            loop = None  # a copy forced whole repeats what its source writes (the zeros of 10000000): no loop
         if loop is not None and allowed[loop] and allowed.sum() > 1:
             logits = logits.copy()
             logits[loop] = -np.inf  # break the loop with the grammar's next-best token
@@ -318,7 +321,7 @@ def generate_json(session: Session, prompt: Sequence[int], schema: dict, tokeniz
     start = session.n_past + (len(prompt) if logits is None else 0)
     limit = max(max_tokens, extend_to or 0)
     stream = generate_step(session, prompt, Sampler(SamplerConfig()), limit, eos,
-                           [grammar, *processors, LoopGuard(tokenizer, max_tokens)], logits)
+                           [grammar, *processors, LoopGuard(tokenizer, max_tokens, copies=processors)], logits)
     for token, _ in stream:
         if ttft is None:
             ttft = time.perf_counter() - t0

@@ -22,6 +22,7 @@ import numpy as np
 from nexus_agent.arguments.constrained import token_bytes
 from nexus_agent.arguments.copy_sources import Source, _escaped
 from nexus_agent.arguments.copying import CopyBias
+from nexus_agent.arguments.schema_echo import SchemaEcho
 
 _SPACED = re.compile(r"([,:])[ \t]+")
 
@@ -178,8 +179,12 @@ def _after_earlier(texts: list[bytes], earlier: Sequence[str]) -> tuple[int, int
 def copy_processors(tokenizer, sources: list[Source], schema: dict, bias: float, session=None,
                     drafts: bool = True, earlier: Sequence[str] = ()) -> list:
     """The processors of copy-aware arguments after the grammar: the `CopyBias` (none at bias 0; ranking with
-    `session`), then, with `drafts`, the `SourceDraft` (last: a copy planned whole is fed ahead first), which
-    also drafts from `earlier`, the arguments of the turn's earlier calls: a further call that repeats one is
-    decoded in a pass or two (and then dropped by the decider) instead of token by token."""
+    `session`) and, with a `session`, the `SchemaEcho` (a value is not its schema restated), then, with `drafts`,
+    the `SourceDraft` (last: a copy planned whole is fed ahead first), which also drafts from `earlier`, the
+    arguments of the turn's earlier calls: a further call that repeats one is decoded in a pass or two (and then
+    dropped by the decider) instead of token by token."""
     out = [CopyBias(tokenizer, sources, schema, bias, session)] if bias else []
+    if bias and session is not None:
+        request = " ".join(s.text for s in sources if s.kind == "request")
+        out.append(SchemaEcho(tokenizer, schema, session, request))
     return out + ([SourceDraft(tokenizer, sources, earlier=earlier)] if drafts else [])

@@ -639,3 +639,60 @@ def test_a_spliced_decision_within_the_splice_reach_is_made_again_on_the_prompt_
         named, _ = run(text, blocks, splice_name_err=50.0)  # a call's name within reach: rechecked alone
         assert named.rechecked == (["name"] if named.kind == "call" else []), named
         assert [c.name for c in named.calls] == [c.name for c in want.calls] or want.kind == "text"
+
+
+
+def _restates(value, sub: dict) -> bool:
+    """Whether `value` writes its schema `sub` out: an object holding one of its keywords with the schema's own
+    value, or a JSON type name as a string."""
+    from nexus_agent.arguments.schema_echo import KEYWORDS, TYPE_NAMES
+
+    if isinstance(value, dict):
+        return any(k in KEYWORDS and sub.get(k) == v for k, v in value.items()) or any(
+            isinstance(v, dict) and _restates(v, sub) for v in value.values())
+    return isinstance(value, str) and value in TYPE_NAMES
+
+
+ECHOES = {  # public BFCL tools and requests the 0.5B answered with its schema (stop 58's argument provenance)
+    "DB2Tablespace.resolveTablespaceReference": "Help me resolve a tablespace reference named 'USERSPACE1' in a DB2 "
+    "database using a data source object `db2DataSource` and a progress monitor `dbMonitor`?",
+    "MacBaseInstallerBundler.validateAppImageAndBundeler": "Help me ensure that the application image directory "
+    "exists and has a valid name when preparing parameters for creating a macOS installer package, given that the "
+    "application image path is '/Applications/MyApp.app' and the application name is 'MyApp'?",
+    "get_personality_traits": "Get me strength and weakness traits for ENFJ personality type.",
+}
+
+
+@pytest.mark.parametrize("tool", list(ECHOES))
+def test_no_value_restates_its_schema(qwen_backends, tool, tmp_path):
+    """Shown the schemas in its template's tools section, the 0.5B wrote them as the values: `"dataSource":
+    {"description": "DB2DataSource object ..."}` for a parameter of no type, `"params": {"params": {"description":
+    ..., "type": "object"}}` for an object without properties, `"type": "array"` for the personality type. The
+    grammar allows all three; `schema_echo.SchemaEcho` refuses the token that starts one, and the model writes a
+    value."""
+    import json
+    from pathlib import Path
+
+    from slb.build import build_buffer
+    from slb.embedder import Embedder
+    from slb.service import open_router
+    from slb.tools import as_entry
+
+    data = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "routing" / "tools.jsonl"
+    if not data.is_file():
+        pytest.skip(f"public routing data not present at {data}")
+    tools = {r["name"]: Tool.from_mcp(r) for r in map(json.loads, data.read_text().splitlines()) if r["name"] in ECHOES}
+    build_buffer(list(tools.values()), Embedder(), tmp_path / "e.slb")
+    router = open_router("gate", tools=[as_entry(t) for t in tools.values()], path=tmp_path / "e.slb")
+    backend = qwen_backends("llamacpp")
+    live = LiveContext(backend, None, 4096)
+    try:
+        d = decide_turn(Decider(backend, DecideProfile(mode="model")), router, tools,
+                        [{"role": "user", "content": ECHOES[tool]}], lambda ids: live, 4096, None, tool).decision
+    finally:
+        live.close()
+    assert d.kind == "call" and d.calls[0].name == tool, d
+    args, props = d.calls[0].arguments, tools[tool].input_schema["properties"]
+    assert not any(_restates(v, props[k]) for k, v in args.items()), args
+    if tool.startswith("DB2"):  # a parameter of no type: the values the request writes, as strings
+        assert args == {"dataSource": "db2DataSource", "monitor": "dbMonitor", "reference": "USERSPACE1"}, args

@@ -186,5 +186,5 @@ def copy_processors(tokenizer, sources: list[Source], schema: dict, bias: float,
     out = [CopyBias(tokenizer, sources, schema, bias, session)] if bias else []
     if bias and session is not None:
         request = " ".join(s.text for s in sources if s.kind == "request")
-        out.append(SchemaEcho(tokenizer, schema, session, request))
+        out.append(SchemaEcho(tokenizer, schema, session, request, copies=out))
     return out + ([SourceDraft(tokenizer, sources, earlier=earlier)] if drafts else [])

@@ -7,7 +7,9 @@ object without declared properties, `"type": "array"` for a string parameter nam
 neighbour). `SchemaEcho` knows, for each value the decode reaches, the texts that would restate its subschema
 (`echoes`): an object whose first member is one of the subschema's keywords with the subschema's own value (or
 the parameter's name holding such an object), a string that is a JSON type name (one that neither the request nor
-the description names) or the parameter's description.
+the description names) or the parameter's description, or one that opens with a quote of its own (after "in the
+format of 'City, State', such as 'Los Angeles, CA'" the 0.5B wrote `"'Los Angeles, CA'"`, then quoted every value
+after it: the quotes a description or a request puts around a value delimit it).
 
 Where the likeliest token is the first to commit to one of them (`Echo.split`: `{"` is any object's, the keyword
 after it is the echo's; where the schema leaves the type open, the `{` is already the echo's), it reads the
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -30,6 +33,7 @@ from nexus_agent.arguments.json_cursor import JsonCursor, json_types, schema_at
 KEYWORDS = ("description", "type", "title", "items", "properties", "enum", "default", "format", "anyOf", "oneOf")
 TYPE_NAMES = ("string", "number", "integer", "boolean", "object", "array", "null")
 ECHO_BYTES = 24  # how much of a keyword's value (or of the description) an echo is recognised by
+QUOTED = (b'"\'', b'"`', b'"\\"')  # a string opening with a quote of its own: ', ` or an escaped "
 MAX_AHEAD = 12  # tokens read ahead to confirm an echo
 MAX_BANS = 4  # tokens forbidden per value at most: then the model's choice stands
 
@@ -85,6 +89,7 @@ def echoes(sub: dict, name: str | None, named: str) -> list[Echo]:
         if isinstance(sub.get("default"), str):
             said.add(sub["default"].lower())
         out += [Echo(b'"' + w.encode() + b'"', 1) for w in TYPE_NAMES if w not in said]
+        out += [Echo(q, 1) for q in QUOTED]  # the quotes around a value delimit it: `'City, State'`
         if isinstance(desc, str) and len(desc) >= 8 and desc[:ECHO_BYTES].lower() not in named:
             out.append(Echo(_dumped(desc)[: ECHO_BYTES + 1], 1))
     return out
@@ -93,10 +98,12 @@ def echoes(sub: dict, name: str | None, named: str) -> list[Echo]:
 class SchemaEcho:
     """Logits processor (after `CopyBias`): forbid the token that begins writing a value's schema as the value
     (module docstring). `session`: the generation's session (bound to `generate_step`'s view), for the look
-    ahead; `request`: the request's text, whose words may be values."""
+    ahead; `request`: the request's text, whose words may be values; `copies`: processors before it (a
+    `CopyBias`) whose `forced` token, a copy, it leaves alone."""
 
-    def __init__(self, tokenizer, schema: dict, session, request: str = ""):
+    def __init__(self, tokenizer, schema: dict, session, request: str = "", copies: Sequence = ()):
         self.tb = token_bytes(tokenizer)
+        self.copies = list(copies)  # processors before it whose `forced` token is a copy: never an echo
         self.schema = schema or {}
         self.session = session
         self.named = request.lower()
@@ -163,6 +170,8 @@ class SchemaEcho:
             t = int(np.argmax(out))
             if not np.isfinite(out[t]):
                 return out
+            if any(getattr(p, "forced", None) == t for p in self.copies):
+                return out  # a copy of the request's words restates nothing of the schema
             hits = self._committing(t)
             if not hits:
                 return out

@@ -35,5 +35,6 @@ def test_type_names_the_request_or_description_says_are_values():
     assert Echo(b'"integer"', 1) not in echoes({"type": "string"}, "to", "cast the column to an integer")
     listed = echoes({"type": "string", "description": "the target: string, number or boolean"}, "to", "")
     assert not {b'"string"', b'"number"', b'"boolean"'} & {e.text for e in listed}
+    assert Echo(b"\"'", 1) in said and Echo(b'"`', 1) in said  # a string never opens with a quote of its own
     assert echoes({"type": "string", "enum": ["array", "object"]}, "kind", "") == []
     assert echoes({"type": "integer", "description": "How many days to add."}, "days", "") == []

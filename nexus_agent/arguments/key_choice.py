@@ -141,10 +141,8 @@ class KeyChoice:
             boost[:n] = self.close_obj[:n]
             return np.where(boost, logits + RULE, logits)
         self._spell(boost, target, kp, len(logits))
-        if not boost.any():
-            return logits
         out = np.where(boost, logits + (KEY_BIAS if not written or self.leftover() else RULE), logits)
-        if not written and wanted:  # the first key: none past the first key wanted
+        if not written and wanted:  # the first key: none past the first key wanted, wherever the key has got to
             allowed = np.zeros(len(logits), dtype=bool)
             for k in remaining[: remaining.index(wanted[0]) + 1]:
                 self._spell(allowed, k, kp, len(logits))

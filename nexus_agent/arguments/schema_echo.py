@@ -113,7 +113,7 @@ class SchemaEcho:
         self.seen = 0
         self.starts: dict[int, tuple[int, list[Echo]]] = {}  # depth -> (where its value starts, its echoes)
         self.bans = 0
-        self.banned: list[str] = []  # the echoes refused (for the trace)
+        self.banned: list[str] = []  # the echoes refused, to read when a decode is looked into
 
     def bind(self, view) -> None:
         self.session = view
@@ -135,10 +135,9 @@ class SchemaEcho:
 
     def _committing(self, t: int) -> list[tuple[int, Echo]]:
         """(value start, echo) of the echoes token `t` would begin committing to here."""
-        out = []
+        out, whole = [], compact(self.raw + self.tb[t])
         for start, found in self.starts.values():
-            before = self.text[start:]
-            after = compact(self.raw + self.tb[t])[start:]
+            before, after = self.text[start:], whole[start:]
             for e in found:
                 if len(before) <= e.split < len(after) and (e.text.startswith(after) or after.startswith(e.text)):
                     out.append((start, e))

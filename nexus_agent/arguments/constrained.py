@@ -255,6 +255,12 @@ class GrammarMask:
         return self.error is None and (self.matcher.is_accepting() or self.matcher.is_stopped())
 
 
+def copy_forces(copies: Sequence, token: int) -> bool:
+    """Whether one of the processors `copies` (e.g. a `CopyBias`) forced `token` at this step as part of a copy
+    (its `forced` attribute): a copied token repeats what its source writes, so no guard refuses it."""
+    return any(getattr(p, "forced", None) == token for p in copies)
+
+
 class LoopGuard:
     """Logits processor (after the grammar): break the loops and runaway numbers of greedy small-model
     decoding. It only ever removes a token the grammar allowed when another allowed one remains, so the
@@ -284,7 +290,7 @@ class LoopGuard:
                 logits = np.where(shorter, logits, -np.inf)
                 allowed = shorter
         loop = _cycle_token(tokens)
-        if loop is not None and any(getattr(p, "forced", None) == loop for p in self.copies):
+        if loop is not None and copy_forces(self.copies, loop):
             loop = None  # a copy forced whole repeats what its source writes (the zeros of 10000000): no loop
         if loop is not None and allowed[loop] and allowed.sum() > 1:
             logits = logits.copy()

@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from nexus_agent.arguments.constrained import token_bytes
+from nexus_agent.arguments.constrained import copy_forces, token_bytes
 from nexus_agent.arguments.json_cursor import JsonCursor, json_types, schema_at
 
 KEYWORDS = ("description", "type", "title", "items", "properties", "enum", "default", "format", "anyOf", "oneOf")
@@ -169,7 +169,7 @@ class SchemaEcho:
             t = int(np.argmax(out))
             if not np.isfinite(out[t]):
                 return out
-            if any(getattr(p, "forced", None) == t for p in self.copies):
+            if copy_forces(self.copies, t):
                 return out  # a copy of the request's words restates nothing of the schema
             hits = self._committing(t)
             if not hits:

@@ -37,16 +37,32 @@ TOOLS = {t.name: t for t in (
 )}
 
 
-@pytest.fixture(scope="module")
-def router(tmp_path_factory):
+def _router_over(tools: dict, path):
+    """The gate router over `tools`, its buffer built at `path`."""
     from slb.build import build_buffer
     from slb.embedder import Embedder
     from slb.service import open_router
     from slb.tools import as_entry
 
-    path = tmp_path_factory.mktemp("decide") / "b.slb"
-    build_buffer(list(TOOLS.values()), Embedder(), path)
-    return open_router("gate", tools=[as_entry(t) for t in TOOLS.values()], path=path)
+    build_buffer(list(tools.values()), Embedder(), path)
+    return open_router("gate", tools=[as_entry(t) for t in tools.values()], path=path)
+
+
+def _public_tools(names) -> dict:
+    """The named tools of the public routing data, by name in the order given (skips without the data)."""
+    import json
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "routing" / "tools.jsonl"
+    if not data.is_file():
+        pytest.skip(f"public routing data not present at {data}")
+    rows = {r["name"]: r for r in map(json.loads, data.read_text().splitlines()) if r["name"] in names}
+    return {n: Tool.from_mcp(rows[n]) for n in names}
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory):
+    return _router_over(TOOLS, tmp_path_factory.mktemp("decide") / "b.slb")
 
 
 def decide(backend, router, text, tool_choice="auto", parallel=False, n_ctx=4096, live=None):
@@ -467,25 +483,12 @@ def test_a_matrix_the_request_writes_is_copied_whole_in_place(qwen_backends, tmp
     the 0.5B closed each matrix after its first row: a closing token that spells more brackets than the request
     writes there ("]]" after the "3" of "3], [4") was among those a copied number may close with ({"matA": [[1, 2,
     3]], "matB": [[10, 11, 12]]}, and three more calls so). The closers the request writes decide."""
-    import json
-    from pathlib import Path
-
     from nexus_agent.turn.profile import load_decide_profile
-    from slb.build import build_buffer
-    from slb.embedder import Embedder
-    from slb.service import open_router
-    from slb.tools import as_entry
 
-    data = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "routing" / "tools.jsonl"
-    if not data.is_file():
-        pytest.skip(f"public routing data not present at {data}")
-    names = ["uber.ride", "stars_list", "card_game_probability.calculate", "send_message",
-             "physics.calculate_cone_mass", "Hotels_4_SearchHotel", "mat_mul", "avg_closing_price",
-             "geometry.area_circle", "getDataForProfessional"]
-    rows = {r["name"]: r for r in map(json.loads, data.read_text().splitlines()) if r["name"] in names}
-    tools = {n: Tool.from_mcp(rows[n]) for n in names}
-    build_buffer(list(tools.values()), Embedder(), tmp_path / "m.slb")
-    router = open_router("gate", tools=[as_entry(t) for t in tools.values()], path=tmp_path / "m.slb")
+    tools = _public_tools(["uber.ride", "stars_list", "card_game_probability.calculate", "send_message",
+                           "physics.calculate_cone_mass", "Hotels_4_SearchHotel", "mat_mul", "avg_closing_price",
+                           "geometry.area_circle", "getDataForProfessional"])
+    router = _router_over(tools, tmp_path / "m.slb")
     backend = qwen_backends("llamacpp")
     profile = load_decide_profile(backend.info.fingerprint, True)
     live = LiveContext(backend, None, 8192)
@@ -670,20 +673,8 @@ def test_no_value_restates_its_schema(qwen_backends, tool, tmp_path):
     ..., "type": "object"}}` for an object without properties, `"type": "array"` for the personality type. The
     grammar allows all three; `schema_echo.SchemaEcho` refuses the token that starts one, and the model writes a
     value."""
-    import json
-    from pathlib import Path
-
-    from slb.build import build_buffer
-    from slb.embedder import Embedder
-    from slb.service import open_router
-    from slb.tools import as_entry
-
-    data = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "routing" / "tools.jsonl"
-    if not data.is_file():
-        pytest.skip(f"public routing data not present at {data}")
-    tools = {r["name"]: Tool.from_mcp(r) for r in map(json.loads, data.read_text().splitlines()) if r["name"] in ECHOES}
-    build_buffer(list(tools.values()), Embedder(), tmp_path / "e.slb")
-    router = open_router("gate", tools=[as_entry(t) for t in tools.values()], path=tmp_path / "e.slb")
+    tools = _public_tools(list(ECHOES))
+    router = _router_over(tools, tmp_path / "e.slb")
     backend = qwen_backends("llamacpp")
     live = LiveContext(backend, None, 4096)
     try:

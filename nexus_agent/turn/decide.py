@@ -29,7 +29,7 @@ import numpy as np
 
 from nexus_agent.turn.call_format import CallFormat, probe_call_format
 from nexus_agent.turn.profile import DecideProfile
-from nexus_agent.turn.request_parts import call_key, new_part, request_values, values_left
+from nexus_agent.turn.request_parts import new_part, request_values, values_left
 from nexus_agent.turn.retrieval import steps_left
 
 MAX_PARALLEL = 4
@@ -191,16 +191,18 @@ class Decider:
     # -- one decision -------------------------------------------------------------------------------------
     def decide(self, live, ids: list[int], candidates: list[Candidate], top1: float, margin: float,
                arguments: Callable, tool_choice: str | None = "auto", parallel: bool = False,
-               spans: list[tuple[int, int]] = (), request: str = "", made: set[str] = frozenset(),
+               spans: list[tuple[int, int]] = (), request: str = "", made: Sequence[Choice] = (),
                beside: Callable[[], Iterable[list[int]]] | None = None, steps: Sequence[list[str]] = ()) -> tuple:
         """Decide on `live` after the prompt `ids` (`self.prompt(messages, candidates)`, with the candidates'
         `spans` spliced from their blocks when the decider has `blocks`; `request`: the user's words, whose
         values weigh for a call (`request_values`) and which parallel calls divide among themselves; `made`: the
-        turn's calls so far as `call_key`s): (Decision, the ids the context holds, the logits after them). For a
-        text decision the logits are the prompt's, ready for the answer (with `text_mask` first among its
-        processors). A call that repeats one in `made` is not made again (Qwen2.5-Coder-0.5B, shown a git log's
-        result, calls the same git log again, p_call 0.99, on every further turn); when the first call would,
-        the decision is text. `beside()`: prompts of the same candidates for conversations beside this one
+        turn's calls so far): (Decision, the ids the context holds, the logits after them). For a text decision
+        the logits are the prompt's, ready for the answer (with `text_mask` first among its processors). A tool
+        the turn has called already is called again only on a part of the request its calls in `made` did not
+        take (`new_part`: "and in London" after Paris); when the first call would not be, the decision is text.
+        Shown any tool's result, Qwen2.5-Coder-0.5B reads p_call 0.99 and calls it again: the same git log, a
+        `create_table` whose query is the first call's "Table created successfully", a `convert_time` of the
+        time it was just given. `beside()`: prompts of the same candidates for conversations beside this one
         (`engine.readings`: the last exchange alone, the conversation without its prose); where this prompt's
         reading decides text and the backend can read theirs beside it (`p_call_beside`), p_call is the largest
         (`reading`: which one, 0 for this prompt's) and one that decides a call ends the reading. `steps`: for a
@@ -266,7 +268,8 @@ class Decider:
                 d.name_logprobs = lps
             tool = next(c.tool for c in pool if c.name == name)
             args, problem, text = arguments(tool, live, ids, logits)
-            if call_key(name, args) in made and d.how == "model":
+            again = [c for c in made if c.name == name]
+            if again and d.how == "model" and not new_part(args, again, request):
                 if d.calls:
                     break
                 d.kind, logits = "text", live.prefill(prompt)  # the context holds the prompt again

@@ -15,8 +15,7 @@ from nexus_agent.arguments.constrained import grammar_enforces, token_bytes
 from nexus_agent.arguments.copy_sources import Source
 from nexus_agent.arguments.decoder import budgets, describe_miss
 from nexus_agent.arguments.in_place import decode_in_place
-from nexus_agent.turn.decide import Candidate, Decider, Decision, top_k
-from nexus_agent.turn.request_parts import call_key
+from nexus_agent.turn.decide import Candidate, Choice, Decider, Decision, top_k
 from nexus_agent.turn.retrieval import retrieve
 
 
@@ -128,18 +127,18 @@ def reading_prompts(decider: Decider, messages: list[dict], cands: list[Candidat
         yield decision_prompt(decider, alt, cands)[0]
 
 
-def calls_made(messages: list[dict]) -> set[str]:
-    """The `call_key`s of the calls the assistant made since the last user message (the current turn's)."""
+def calls_made(messages: list[dict]) -> list[Choice]:
+    """The calls the assistant made since the last user message (the current turn's), with their arguments (an
+    argument text that is no JSON object reads as none)."""
     start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
-    out = set()
+    out = []
     for m in messages[start + 1:]:
         for c in m.get("tool_calls") or ():
             try:
                 args = json.loads(c["function"].get("arguments") or "{}")
             except ValueError:
-                continue
-            if isinstance(args, dict):
-                out.add(call_key(c["function"]["name"], args))
+                args = None
+            out.append(Choice(c["function"]["name"], args if isinstance(args, dict) else {}))
     return out
 
 
@@ -191,7 +190,7 @@ def decide_turn(decider: Decider, router, tools: dict, messages: list[dict], con
         shown.append(False)
         sink = None
         if on_arguments is not None:
-            again = any(k.startswith(tool.name + "{") for k in made)  # a repeat may yet be dropped: not live
+            again = any(c.name == tool.name for c in made)  # a repeat may yet be dropped: not live
             show = on_arguments(index, tool, index == 0 and grammar_enforces(schema) and not again)
 
             def sink(piece: str) -> None:

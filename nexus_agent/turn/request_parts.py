@@ -1,22 +1,15 @@
 """The request's parts a decision weighs: the words that look like values a call takes (whether a request names
 one weighs for a call; chatter rarely does), which of them earlier calls took (a further call must act on a part of
-its own), and a call as one comparable string (a call the turn already made is not made again). `earlier`: the
-decision's calls so far (`decide.Choice`: `.arguments`)."""
+its own: a tool the turn called already is called again only on such a part). `earlier`: the decision's or the
+turn's calls so far (`decide.Choice`: `.arguments`)."""
 
 from __future__ import annotations
 
-import json
 import re
 
 VALUES_CAP = 1  # a request's value words counted for the call-or-text decision, at most: whether it names one (a
 # count up to 3 scored better on the public data, whose requests name many values, and answered "What time is it
 # in Paris?" in text: a short request names one)
-
-
-def call_key(name: str, arguments: dict | None) -> str:
-    """A call as one string: the name and the arguments' canonical JSON (keys sorted, null values left out)."""
-    args = {k: v for k, v in (arguments or {}).items() if v is not None}
-    return name + json.dumps(args, sort_keys=True, ensure_ascii=False)
 
 
 def _leaves(value) -> list:

@@ -208,23 +208,45 @@ def _candidates():
     return [Candidate(t, 0.5, i) for i, t in enumerate(TOOLS.values())]
 
 
-def test_a_call_the_turn_already_made_is_not_made_again(qwen_backends, router):
-    from nexus_agent.turn.engine import calls_made
-    from nexus_agent.turn.request_parts import call_key
+SQL_TOOLS = {**TOOLS, **{t.name: t for t in (
+    _tool("create_table", "Create a new table in the SQLite database.",
+          {"query": {"type": "string", "description": "the CREATE TABLE statement"}}, ["query"]),
+    _tool("list_tables", "List the tables of the SQLite database.", {}, []),
+)}}
 
-    messages = [{"role": "user", "content": "Add 12 and 30"},
-                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
-                    "name": "add", "arguments": '{"b": 30, "a": 12, "note": null}'}}]},
-                {"role": "tool", "tool_call_id": "c1", "content": "42"}]
-    assert calls_made(messages) == {call_key("add", {"a": 12, "b": 30})}
-    assert calls_made(messages + [{"role": "user", "content": "Now multiply them"}]) == set()
+
+@pytest.fixture(scope="module")
+def sql_router(tmp_path_factory):
+    return _router_over(SQL_TOOLS, tmp_path_factory.mktemp("decide_sql") / "b.slb")
+
+
+def _after_call(request: str, name: str, arguments: str, result: str) -> list[dict]:
+    return [{"role": "user", "content": request},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+                "name": name, "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": result}]
+
+
+def test_a_tool_the_turn_called_is_called_again_only_on_a_new_part(qwen_backends, router, sql_router):
+    """Shown a result, the 0.5B calls the same tool again with p_call 0.99: the same sum, or a create_table
+    whose query is the first call's "Table created successfully" (held-out probe on the sqlite server). A
+    further call of a tool the turn called must take a part of the request its calls did not."""
+    from nexus_agent.turn.engine import calls_made
+
+    add = _after_call("Add 12 and 30", "add", '{"b": 30, "a": 12, "note": null}', "42")
+    assert [(c.name, c.arguments) for c in calls_made(add)] == [("add", {"b": 30, "a": 12, "note": None})]
+    assert calls_made(add + [{"role": "user", "content": "Now multiply them"}]) == []
+    create = _after_call("Create a table named products with columns id integer and title text.", "create_table",
+                         '{"query": "CREATE TABLE products (id INTEGER, title TEXT)"}', "Table created successfully")
     backend = qwen_backends("llamacpp")
     live = LiveContext(backend, None, 4096)
     try:
-        for parallel in (False, True):
-            d = decide_turn(Decider(backend, DecideProfile(mode="model")), router, TOOLS, messages, lambda ids: live,
-                            4096, None, "auto", parallel).decision
-            assert d.kind == "text" or not {call_key(c.name, c.arguments) for c in d.calls} & calls_made(messages)
+        for messages, tools, r in ((add, TOOLS, router), (create, SQL_TOOLS, sql_router)):
+            for parallel in (False, True):
+                d = decide_turn(Decider(backend, DecideProfile(mode="model")), r, tools, messages,
+                                lambda ids: live, 4096, None, "auto", parallel).decision
+                called = messages[1]["tool_calls"][0]["function"]["name"]
+                assert d.kind == "text" or all(c.name != called for c in d.calls), (d.calls, d.p_call)
     finally:
         live.close()
 

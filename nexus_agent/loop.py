@@ -101,7 +101,8 @@ class Agent:
 
     `tools`: name -> registry Tool; `router`: anything with `route(query) -> RouteDecision`;
     `on_text(kind, piece)`: streamed text ("args" or "answer"); `on_confirmed(step, tool)`: called after a
-    call with valid arguments that the server answered with status ok (slb.learn records it as an example).
+    call with valid arguments that the server answered with status ok and no failure in its words
+    (`Observation.confirmed`; slb.learn records it as an example).
     """
 
     def __init__(self, backend, router, tools: dict, pool: ServerPool, config: AgentConfig | None = None,
@@ -138,7 +139,7 @@ class Agent:
                 continue
             call = self.call_step(self.tools[d.tool], step, [result_text(c) for c in result.calls])
             result.calls.append(call)
-            if self.on_confirmed is not None and call.arguments is not None and call.observation.ok:
+            if self.on_confirmed is not None and call.arguments is not None and call.observation.confirmed:
                 self.on_confirmed(step, call.tool)
             observations.append(observation_text(call.tool, call.arguments or {}, call.observation.status,
                                                  call.observation.text))
@@ -181,7 +182,7 @@ class Agent:
                 call = ToolCall(c.name, c.arguments, "decision", obs, d.decide_ms, provenance)
                 result.calls.append(call)
                 calls.append(call)
-                if self.on_confirmed is not None and c.arguments is not None and obs.ok:
+                if self.on_confirmed is not None and c.arguments is not None and obs.confirmed:
                     self.on_confirmed(request, c.name)
             messages += _call_messages(calls, len(result.calls) - len(calls))
         self.history += [{"role": "user", "content": request}, {"role": "assistant", "content": result.answer}]

@@ -8,11 +8,15 @@ end the session: the model reads what went wrong instead.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from registry.client import ServerCommand, ServerError, ServerSpec, SyncToolClient
+
+# words of a result that reports a failure: many servers answer a failed call as a plain result, not a tool error
+FAILURE_WORDS = re.compile(r"\b(errors?|failed|failure|exception|traceback|invalid)\b", re.IGNORECASE)
 
 
 @dataclass
@@ -30,6 +34,14 @@ class Observation:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def confirmed(self) -> bool:
+        """ok, and the result's first words report no failure (the time server's "Error converting time: ...",
+        the SQLite server's "Database error: no such table", `{"status": "error", ...}` all come back ok). Only a
+        confirmed call teaches the router (`slb.learn`): "What is the capital of Australia?" called
+        `convert_time` once, came back ok with an error text, and was learned as its example."""
+        return self.ok and not FAILURE_WORDS.search(self.text[:80])
 
     def as_dict(self) -> dict:
         return {"tool": self.tool, "status": self.status, "text": self.text, "elapsed_ms": self.elapsed_ms,

@@ -1,5 +1,6 @@
-"""Learning from confirmed calls: a request that led to a validated, successful call of a tool (or that a user
-labelled with `nexus route --label TOOL`) becomes a learned example row of that tool.
+"""Learning from confirmed calls: a request that led to a validated, successful call of a tool (the server answered
+ok and its result's first words report no failure: `nexus_agent.servers.Observation.confirmed`), or that a user
+labelled with `nexus route --label TOOL`, becomes a learned example row of that tool.
 
 Learned examples live in the registry store (registry.store.RegistryStore.add_examples, source "learned"):
 one SQLite transaction per request (atomic: all of it or nothing), deduplicated by text, capped per tool

@@ -4,7 +4,8 @@ Run as `python tests/agent/probe_server.py`. Tools:
 - record_sum(a, b): appends the arguments to $NEXUS_HOME/probe_calls.jsonl and returns their sum;
 - crash_once(): kills the process the first time ($NEXUS_HOME/probe_crashed marks it), then answers;
 - always_crash(): kills the process every time;
-- sleep_for(seconds): sleeps, then answers (a hung tool when seconds exceeds the client's timeout).
+- sleep_for(seconds): sleeps, then answers (a hung tool when seconds exceeds the client's timeout);
+- city_population(city): knows no city, and says so in a plain result (no tool error), as many servers do.
 """
 
 from __future__ import annotations
@@ -59,5 +60,15 @@ def sleep_for(seconds: float) -> dict:
     return {"slept": seconds}
 
 
+@tool
+def city_population(city: str) -> str:
+    """Population of a city.
+
+    Args:
+        city: the city's name
+    """
+    return f"Error: no city named {city!r} in the census data"
+
+
 if __name__ == "__main__":
-    serve("probe", handlers_from_functions([record_sum, crash_once, always_crash, sleep_for]))
+    serve("probe", handlers_from_functions([record_sum, crash_once, always_crash, sleep_for, city_population]))

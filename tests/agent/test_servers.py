@@ -1,10 +1,11 @@
-"""ServerPool against the real probe MCP server: lazy start, keep alive, crash restart, hang timeout."""
+"""ServerPool against the real probe MCP server: lazy start, keep alive, crash restart, hang timeout, a failure
+answered as a plain result."""
 
 from __future__ import annotations
 
 import json
 
-from nexus_agent.servers import ServerPool, ServerPoolConfig
+from nexus_agent.servers import Observation, ServerPool, ServerPoolConfig
 
 
 def test_lazy_start_and_keep_alive(probe_store, nexus_home):
@@ -48,3 +49,17 @@ def test_unknown_tool_and_tool_error(probe_store):
         assert pool.call("no_such_tool", {}).status == "no_server"
         bad = pool.call("record_sum", {"a": "x", "b": 1})  # the server's own schema check rejects it
         assert bad.status == "tool_error" and "record_sum" in bad.text
+
+
+def test_a_failure_answered_as_a_result_is_not_confirmed(probe_store):
+    """Only a confirmed call teaches the router (slb.learn): a plain result that reports a failure is ok for the
+    protocol, not confirmed."""
+    with ServerPool.from_store(probe_store) as pool:
+        missing = pool.call("city_population", {"city": "Atlantis"})
+        assert missing.status == "ok" and "Atlantis" in missing.text and not missing.confirmed
+        assert pool.call("record_sum", {"a": 1, "b": 2}).confirmed
+    seen = ["Error converting time: Invalid timezone: 'Australia'", "Database error: no such table: users",
+            '{"status": "error", "message": "[Errno -2] Name or service not known"}']  # third-party servers' words
+    assert not any(Observation("t", "ok", text).confirmed for text in seen)
+    assert Observation("t", "ok", "[{'name': 'products'}]").confirmed
+    assert not Observation("t", "tool_error", "42").confirmed

@@ -51,7 +51,7 @@ from nexus_agent.arguments.span_priors import (
     sibling_rank,
     taken,
 )
-from nexus_agent.arguments.value_scores import extends_copy, log_softmax, own_value, whole_scores
+from nexus_agent.arguments.value_scores import extends_copy, log_softmax, own_value, respells_copy, whole_scores
 
 DEFAULT_BIAS = 4.0  # logits; chosen on the agent suite and BFCL by `nexus eval arguments --bias` (README)
 JOINER_PENALTY = 1.0  # per joining word inside a string copy (`span_priors.joiners`)
@@ -69,7 +69,9 @@ class CopyBias:
     it after the grammar mask: a forced token the grammar forbids is simply not taken, and the copy is
     dropped (the value goes on under the bias alone). Where only the bias makes a copy win at a string's start and
     the model's own value is that copy behind a prefix it knows (`Asia/Tokyo` for "Tokyo",
-    `value_scores.extends_copy`), the value is the model's, written without the bias.
+    `value_scores.extends_copy`), or where the model would start the copy of several words on its own but writes
+    its values in its own form from the sources' words alone (`23*47+12` for "23 times 47 plus 12":
+    `value_scores.respells_copy`), the value is the model's, written without the bias.
     """
 
     def __init__(self, tokenizer, sources: list[Source], schema: dict, bias: float = DEFAULT_BIAS,
@@ -85,6 +87,7 @@ class CopyBias:
         self.seen = 0
         self.texts = [(_escaped(s.text), s.kind) for s in sources if s.text]
         self.starts = [_word_starts(b) for b, _ in self.texts]
+        self.source_words = {w.lower() for b, _ in self.texts for w in re.findall(rb"\w+", b)}
         self.numbers = [n for s in sources for n in numbers_in(s.text)]
         self.request = " ".join(s.text for s in sources if s.kind == "request").lower()
         self.plan: list[int] = []  # tokens still to force for the chosen copy
@@ -306,9 +309,12 @@ class CopyBias:
         if not scored:
             return
         score, toks, where = max(scored, key=lambda s: s[0])
-        if string and "enum" not in sub and not done and best_free > best_copy - self.bias:
-            own, copy = own_value(self.session, self.tb, logits), b"".join(self.tb[t] for t in toks)
-            if own is not None and extends_copy(own, copy):
+        copy = b"".join(self.tb[t] for t in toks)
+        biased = best_free > best_copy - self.bias  # only the bias made a copy win here
+        if string and "enum" not in sub and not done and (biased or b" " in copy.strip()):
+            own = own_value(self.session, self.tb, logits)  # (a copy of words may be prose around its values)
+            if own is not None and (extends_copy(own, copy) if biased else
+                                    respells_copy(own, copy, self.source_words)):
                 self.own = self.cursor.values
                 self.ranked.append({"value": prefix.decode("utf-8", "replace"), "candidates": len(scored),
                                     "pick": own.decode("utf-8", "replace"), "logp": None, "own": True,

@@ -6,6 +6,7 @@ the model knows."""
 from __future__ import annotations
 
 import heapq
+import re
 
 import numpy as np
 
@@ -87,6 +88,40 @@ def extends_copy(own: bytes, copy: bytes) -> bool:
     """Whether the model's own value is the copy with a prefix the request does not write, joined at a separator
     (`Asia/Tokyo` for "Tokyo": the namespace a timezone needs, which the model knows and the request leaves out)."""
     return len(own) > len(copy) + 1 and own.endswith(copy) and own[-len(copy) - 1:-len(copy)] in (b"/", b":", b".")
+
+
+_WORD = re.compile(rb"\w+")
+
+
+def _carries_value(word: bytes) -> bool:
+    """A digit or a capital in it: `47`, `Paris`, `x-7`."""
+    return any(48 <= c <= 57 or 65 <= c <= 90 for c in word)
+
+
+def _valued_chunks(text: bytes) -> list[bytes]:
+    """The whitespace-separated pieces of `text` that carry a value of their own (a digit or a capital in them:
+    `47`, `Paris`, `/tmp/x-7/repo_a`), without the punctuation around them."""
+    out = []
+    for chunk in text.split():
+        core = chunk.strip(b".,;:!?\"'()[]{}")
+        if _carries_value(core):
+            out.append(core)
+    return out
+
+
+def respells_copy(own: bytes, copy: bytes, source_words: set[bytes]) -> bool:
+    """Whether the model's own value writes the copy's values in its own form, from the sources' words alone:
+    every word of it is a word of a source, each piece of the copy that carries a value (`_valued_chunks`) is in
+    it whole, it carries no value the copy does not (a digit or a capital in a word), and it is not the copy
+    (`23*47+12` for "23 times 47 plus 12", `orders` for "the orders table"; not `x-7/repo_a` for
+    "/tmp/x-7/repo_a", nor "Super Mario Bros. 1985" for "Super Mario Bros.", whose year is another parameter's).
+    Such a value invents nothing the copy would have prevented; the copy would have written the request's prose
+    where the parameter wants its form."""
+    words = [w.lower() for w in _WORD.findall(own)]
+    if not words or own == copy or not set(words) <= source_words:
+        return False
+    valued = {w.lower() for w in _WORD.findall(own) if _carries_value(w)}
+    return valued <= {w.lower() for w in _WORD.findall(copy)} and all(c in own for c in _valued_chunks(copy))
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from nexus_agent.arguments.copy_sources import Source, name_words, names_word, n
 from nexus_agent.arguments.copying import CopyBias
 from nexus_agent.arguments.drafts import copy_processors
 from nexus_agent.arguments.json_cursor import JsonCursor
-from nexus_agent.arguments.value_scores import extends_copy
+from nexus_agent.arguments.value_scores import extends_copy, respells_copy
 from nexus_agent.prompts import argument_messages
 
 
@@ -219,6 +219,28 @@ def test_a_value_the_model_knows_more_of_than_the_request_writes_is_the_models(q
     assert extends_copy(b"Asia/Tokyo", b"Tokyo") and extends_copy(b"repo:main", b"main")
     assert not extends_copy(b"Tokyo", b"Tokyo") and not extends_copy(b"Tokyo, Japan", b"Tokyo")
     assert not extends_copy(b"NewTokyo", b"Tokyo") and not extends_copy(b"/x", b"x")
+
+
+EXPRESSION = {"type": "object", "properties": {"expression": {"type": "string", "title": "Expression"}},
+              "required": ["expression"]}
+
+
+def test_a_value_the_model_writes_in_its_own_form_from_the_request_is_the_models(qwen_backends):
+    """The calculator server's `calculate(expression)` (held-out probe): the 0.5B starts "23" on its own, a copy
+    start, and the ranking copied the request's prose "23 times 47 plus 12" (the server: invalid syntax). Its own
+    value takes every value of the copy and no word the request does not write: it is the model's."""
+    value = _decode(qwen_backends("llamacpp"), EXPRESSION, "What's 23 times 47 plus 12?",
+                    sig="calculate(expression) — calculates/evaluates the given expression")
+    assert value["expression"].replace(" ", "") == "23*47+12"
+    words = {b"what", b"s", b"23", b"times", b"47", b"plus", b"12", b"the", b"orders", b"table", b"tmp", b"x", b"7",
+             b"repo_a", b"lunch", b"plans"}
+    assert respells_copy(b"23 * 47 + 12", b"23 times 47 plus 12", words)
+    assert respells_copy(b"orders", b"the orders table", words)
+    assert not respells_copy(b"23 times 47 plus 12", b"23 times 47 plus 12", words)  # the copy itself
+    assert not respells_copy(b"23 * 47 + 13", b"23 times 47 plus 12", words)  # a number the request does not write
+    assert not respells_copy(b"x-7/repo_a", b"/tmp/x-7/repo_a", words)  # a path cut: not the copy's value whole
+    assert not respells_copy(b"23 * 47", b"23 times 47 plus 12", words)  # a value of the copy dropped
+    assert not respells_copy(b"Lunch plans 23", b"Lunch plans", words)  # a value the copy does not take
 
 
 def test_optional_keys_the_request_does_not_name_are_left_out(llamacpp_backend):

@@ -221,7 +221,7 @@ def check_servers(store) -> list[Check]:
             spec = srv.spec()
             name, tools = list_server_tools(spec, 20)
             via = "" if srv.transport == "stdio" else f" at {spec.describe()}"
-            out.append((f"server {srv.name}", True, f"{len(tools)} tools{via}"))
+            out.append((f"server {srv.name}", True, f"{len(tools)} tool{'' if len(tools) == 1 else 's'}{via}"))
         except ServerError as e:  # with the server's last stderr line: why a stdio server died
             out.append((f"server {srv.name}", False, e.brief()))
         except Exception as e:

@@ -118,7 +118,9 @@ def check_decide(backend) -> Check:
             f" (decided again as text within {p.splice_err:.2f} logit p(call) / {p.splice_name_err:.2f} nats of "
             "another outcome)" if p.splice_err or p.splice_name_err else "")
     who = (f"the model decides among the router's top {p.k}{sure} (all tools up to {p.fit_all}), shown in {shown}"
-           f"{spliced}" if p.mode == "model" else "the router's pick stands (the model fills the arguments)")
+           f"{spliced}" if p.mode == "model" else "the router's pick stands (the model fills the arguments)" + (
+               f"; a request that names no value needs a top-1 score of {p.no_value_floor:.2f}"
+               if p.no_value_floor else ""))
     return "decide", True, f"{who}; setting: {p.source}"
 
 

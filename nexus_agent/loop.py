@@ -128,14 +128,17 @@ class Agent:
             return self._decided_turn(request)
         result = TurnResult(request, "")
         observations: list[str] = []
+        prof = self.decider.profile if self.decider is not None else None
         for step in split_steps(request, self.config.max_steps):
             d = self.router.route(step)
             route = {"step": step, "tool": d.tool, "path": d.path, "score": round(d.score, 4),
                      "margin": round(d.margin, 4), "candidates": [c[0] for c in d.candidates[:5]],
                      "route_ms": round(d.timings.get("total_ms", 0.0), 2)}
+            if d.tool is not None and prof is not None and not prof.router_calls(d.score, step):
+                route.update(tool=None, path="none", no_value=True)  # names no value, below the profile's floor
             result.routes.append(route)
             self.trace.emit("route", **route)
-            if d.tool is None or d.tool not in self.tools:
+            if route["tool"] is None or d.tool not in self.tools:
                 continue
             call = self.call_step(self.tools[d.tool], step, [result_text(c) for c in result.calls])
             result.calls.append(call)

@@ -170,10 +170,12 @@ class Engine:
         if not pending and req.tool_choice == "required":
             pending = [text]
         router = self.router_for(req.tools)
+        prof = self.decider.profile
         calls = []
         for step in pending:
             d = router.route(step)
-            name = d.tool or (d.candidates[0][0] if req.tool_choice == "required" else None)
+            tool = d.tool if prof.mode != "router" or prof.router_calls(d.score, step) else None
+            name = tool or (d.candidates[0][0] if req.tool_choice == "required" else None)
             if name is not None:
                 calls.append((by_name[name], step))
         return calls

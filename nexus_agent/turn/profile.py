@@ -17,6 +17,7 @@ from registry.home import model_profile_path, read_model_profile, update_model_p
 
 MODES = ("model", "router")
 _DEFAULTS = Path(__file__).with_name("decide_defaults.json")
+NO_VALUE_FLOOR = 0.30  # router mode's floor for a request that names no value (README, "Deciding": stop 60)
 
 
 @dataclass
@@ -34,8 +35,9 @@ class DecideProfile:
     (`turn.blocks`) where the backend can; splice_err / splice_name_err: how far a spliced prompt's reading may lie from
     the same prompt's prefilled as text, in logit p(call) and in a gap between two names' log-probabilities (measured by
     `nexus eval decide --splice`): a spliced decision within that reach of the other outcome is made again on the prompt
-    as text (0: never); source: where the numbers come from (default | calibrated: how, when); metrics: what the
-    calibration measured."""
+    as text (0: never); no_value_floor: in router mode, the router's top-1 score a request that names no value
+    (`request_parts.request_values`) needs for a call, beside the gate's own floor (0: the gate alone); source: where
+    the numbers come from (default | calibrated: how, when); metrics: what the calibration measured."""
 
     mode: str = "model"
     k: int = 5
@@ -52,6 +54,7 @@ class DecideProfile:
     splice: bool = True
     splice_err: float = 0.0
     splice_name_err: float = 0.0
+    no_value_floor: float = 0.0
     source: str = "default"
     metrics: dict = field(default_factory=dict)
 
@@ -91,6 +94,14 @@ class DecideProfile:
         lo, hi = (1 / (1 + math.exp(-(math.log(p / (1 - p)) + e))) for e in (-self.splice_err, self.splice_err))
         return self.calls(lo, top1, margin, values, unread) != self.calls(hi, top1, margin, values, unread)
 
+    def router_calls(self, score: float, request: str) -> bool:
+        """Router mode: whether the router's pick for `request` (its top-1 score `score`, above the gate's floor) is
+        called: a request that names no value needs `no_value_floor` ("Hi there! How are you today?" reached 0.20
+        against a weather tool; chatter rarely names a value, a call takes one)."""
+        from nexus_agent.turn.request_parts import request_values
+
+        return score >= self.no_value_floor or request_values(request) > 0
+
     def name_score(self, logprob: float, score: float, rank: int) -> float:
         """How a candidate's name ranks: the model's log-probability, the router's score, the order offset."""
         return logprob + self.name_weight * score + (self.rank_bias[rank] if rank < len(self.rank_bias) else 0.0)
@@ -111,7 +122,9 @@ def load_decide_profile(fingerprint: str, template_tools: bool) -> DecideProfile
             return DecideProfile(**data)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: bad decide profile ({e}); rerun `nexus eval decide --calibrate`") from None
-    return DecideProfile(mode="model" if template_tools else "router")
+    if template_tools:
+        return DecideProfile(mode="model")
+    return DecideProfile(mode="router", no_value_floor=NO_VALUE_FLOOR)
 
 
 def save_decide_profile(fingerprint: str, profile: DecideProfile) -> Path:

@@ -71,6 +71,22 @@ def test_crash_hang_and_invalid_output_are_observations_and_session_continues(ag
     assert turn.answer
 
 
+def test_router_mode_calls_a_request_that_names_no_value_only_above_its_floor(agent, nexus_home):
+    """SmolLM2 has no tools section: the router's pick stands, and a request naming no value needs the profile's
+    `no_value_floor` ("Hi there! How are you today?" reached 0.20 against a weather tool on the held-out probe)."""
+    from dataclasses import replace
+
+    from nexus_agent.turn.profile import NO_VALUE_FLOOR
+
+    assert agent.decider.profile.mode == "router" and agent.decider.profile.no_value_floor == NO_VALUE_FLOOR
+    agent.decider.profile = replace(agent.decider.profile, no_value_floor=1.01)  # above any score: every one is
+    turn = agent.run_turn("Record the sum of the two numbers")  # refused where the request names no value
+    assert turn.calls == [] and turn.routes[0]["no_value"] and turn.routes[0]["path"] == "none"
+    assert not (nexus_home / "probe_calls.jsonl").exists()
+    turn = agent.run_turn("Record the sum of 5 and 6")  # values named: the floor does not apply
+    assert [c.tool for c in turn.calls] == ["record_sum"] and turn.calls[0].observation.ok
+
+
 def test_split_steps_and_validate():
     from nexus_agent.arguments.decoder import validate
     from nexus_agent.turn.retrieval import split_steps

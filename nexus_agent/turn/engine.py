@@ -129,7 +129,7 @@ def reading_prompts(decider: Decider, messages: list[dict], cands: list[Candidat
 
 def calls_made(messages: list[dict]) -> list[Choice]:
     """The calls the assistant made since the last user message (the current turn's), with their arguments (an
-    argument text that is no JSON object reads as none)."""
+    argument text that is no JSON object reads as `{}`)."""
     start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
     out = []
     for m in messages[start + 1:]:

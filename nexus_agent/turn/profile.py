@@ -13,6 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from nexus_agent.turn.request_parts import request_values
 from registry.home import model_profile_path, read_model_profile, update_model_profile
 
 MODES = ("model", "router")
@@ -98,8 +99,6 @@ class DecideProfile:
         """Router mode: whether the router's pick for `request` (its top-1 score `score`, above the gate's floor) is
         called: a request that names no value needs `no_value_floor` ("Hi there! How are you today?" reached 0.20
         against a weather tool; chatter rarely names a value, a call takes one)."""
-        from nexus_agent.turn.request_parts import request_values
-
         return score >= self.no_value_floor or request_values(request) > 0
 
     def name_score(self, logprob: float, score: float, rank: int) -> float:

@@ -34,15 +34,22 @@ _QUOTED = re.compile(r"[\"“`「『《]([^\"”`」』》\n]+)[\"”`」』》]
 _INNER = re.compile(r"\w[/@:_.\\]\w")
 
 
+def _mixed_case(word: str) -> bool:
+    """A name written in mixed case wherever it stands: a capital after its first letter and a small letter in it
+    ("arXiv", "iPhone", "GitHub"; not "OK", "SQL" or "Find")."""
+    core = re.sub(r"^\W+|\W+$", "", word)
+    return any(c.isupper() for c in core[1:]) and any(c.islower() for c in core)
+
+
 def _value_words(request: str) -> set[str]:
     """The request's words that look like values a call takes: quoted, or in a word with a digit, with a path's or
-    an address's inner punctuation (/ @ : _ .), or capitalised away from a sentence's start ("Paris", not "Find";
-    not "I" or "I'm")."""
+    an address's inner punctuation (/ @ : _ .), in mixed case ("arXiv"), or capitalised away from a sentence's start
+    ("Paris", not "Find"; not "I" or "I'm")."""
     out = {w for m in _QUOTED.finditer(request) for w in _words([m.group(1) or m.group(2)])}
     prev = "."
     for chunk in request.split():
         core = chunk.strip("()[]{},;:!?\"'“”‘’`")
-        if core and (any(ch.isdigit() for ch in core) or _INNER.search(core)
+        if core and (any(ch.isdigit() for ch in core) or _INNER.search(core) or _mixed_case(core)
                      or (core[0].isupper() and prev[-1] not in ".?!" and re.split(r"['’]", core)[0] != "I")):
             out |= _words([core])
         prev = chunk

@@ -295,6 +295,8 @@ def test_a_request_counts_the_values_it_names_up_to_a_cap():
     assert request_values("Bonjour, comment ça va ?") == 0 and request_values("Tell me a joke.") == 0
     assert request_values("What time is it in Tokyo?") == 1 == VALUES_CAP
     assert request_values("Fly from Paris to Rome on 2024-05-01 for 2 adults") == VALUES_CAP
+    assert request_values("Search arXiv for recent papers on speculative decoding.") == 1  # a mixed-case name
+    assert request_values("OK, thanks!") == 0 and request_values("¿Tienes nombre?") == 0
     from nexus_agent.turn.profile import DecideProfile
 
     p = DecideProfile(bias=-1.0, w_model=0.0, w_values=0.6)

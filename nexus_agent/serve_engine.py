@@ -174,7 +174,7 @@ class Engine:
         calls = []
         for step in pending:
             d = router.route(step)
-            tool = d.tool if prof.mode != "router" or prof.router_calls(d.score, step) else None
+            tool = d.tool if prof.router_calls(d.score, step) else None
             name = tool or (d.candidates[0][0] if req.tool_choice == "required" else None)
             if name is not None:
                 calls.append((by_name[name], step))

@@ -51,7 +51,14 @@ from nexus_agent.arguments.span_priors import (
     sibling_rank,
     taken,
 )
-from nexus_agent.arguments.value_scores import extends_copy, log_softmax, own_value, respells_copy, whole_scores
+from nexus_agent.arguments.value_scores import (
+    extends_copy,
+    log_softmax,
+    own_value,
+    respells_copy,
+    whole_scores,
+    words,
+)
 
 DEFAULT_BIAS = 4.0  # logits; chosen on the agent suite and BFCL by `nexus eval arguments --bias` (README)
 JOINER_PENALTY = 1.0  # per joining word inside a string copy (`span_priors.joiners`)
@@ -87,7 +94,7 @@ class CopyBias:
         self.seen = 0
         self.texts = [(_escaped(s.text), s.kind) for s in sources if s.text]
         self.starts = [_word_starts(b) for b, _ in self.texts]
-        self.source_words = {w.lower() for b, _ in self.texts for w in re.findall(rb"\w+", b)}
+        self.source_words = set().union(*(words(b) for b, _ in self.texts))
         self.numbers = [n for s in sources for n in numbers_in(s.text)]
         self.request = " ".join(s.text for s in sources if s.kind == "request").lower()
         self.plan: list[int] = []  # tokens still to force for the chosen copy
@@ -328,7 +335,7 @@ class CopyBias:
         self.close_after_plan = True
         top = sorted(scored, key=lambda s: -s[0])[:4]
         self.ranked.append({"value": prefix.decode("utf-8", "replace"), "candidates": len(scored),
-                            "pick": b"".join(self.tb[t] for t in toks).decode("utf-8", "replace"),
+                            "pick": copy.decode("utf-8", "replace"),
                             "logp": round(score, 3),
                             "top": [(b"".join(self.tb[t] for t in c).decode("utf-8", "replace"), round(v, 3))
                                     for v, c, _ in top]})

@@ -93,6 +93,11 @@ def extends_copy(own: bytes, copy: bytes) -> bool:
 _WORD = re.compile(rb"\w+")
 
 
+def words(text: bytes) -> set[bytes]:
+    """The words of `text`, in small letters (what `respells_copy` compares with the sources')."""
+    return {w.lower() for w in _WORD.findall(text)}
+
+
 def _carries_value(word: bytes) -> bool:
     """A digit or a capital in it: `47`, `Paris`, `x-7`."""
     return any(48 <= c <= 57 or 65 <= c <= 90 for c in word)
@@ -117,11 +122,11 @@ def respells_copy(own: bytes, copy: bytes, source_words: set[bytes]) -> bool:
     "/tmp/x-7/repo_a", nor "Super Mario Bros. 1985" for "Super Mario Bros.", whose year is another parameter's).
     Such a value invents nothing the copy would have prevented; the copy would have written the request's prose
     where the parameter wants its form."""
-    words = [w.lower() for w in _WORD.findall(own)]
-    if not words or own == copy or not set(words) <= source_words:
+    found = _WORD.findall(own)
+    if not found or own == copy or not words(own) <= source_words:
         return False
-    valued = {w.lower() for w in _WORD.findall(own) if _carries_value(w)}
-    return valued <= {w.lower() for w in _WORD.findall(copy)} and all(c in own for c in _valued_chunks(copy))
+    valued = {w.lower() for w in found if _carries_value(w)}
+    return valued <= words(copy) and all(c in own for c in _valued_chunks(copy))
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

@@ -98,7 +98,10 @@ class DecideProfile:
     def router_calls(self, score: float, request: str) -> bool:
         """Router mode: whether the router's pick for `request` (its top-1 score `score`, above the gate's floor) is
         called: a request that names no value needs `no_value_floor` ("Hi there! How are you today?" reached 0.20
-        against a weather tool; chatter rarely names a value, a call takes one)."""
+        against a weather tool; chatter rarely names a value, a call takes one). Always so outside router mode or
+        without a floor."""
+        if self.mode != "router" or not self.no_value_floor:
+            return True
         return score >= self.no_value_floor or request_values(request) > 0
 
     def name_score(self, logprob: float, score: float, rank: int) -> float:

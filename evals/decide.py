@@ -313,6 +313,7 @@ def run(args: argparse.Namespace) -> dict:
         shipped_blocks = engine.decider.blocks
         shipped = load_decide_profile(engine.backend.info.fingerprint, engine.decider.fmt.template_tools)
         sures = sorted(asked_sures | ({shipped.k_sure} if shipped.k_sure else set()))  # what ships is measured
+        router_alone = replace(shipped, mode="router")  # its floor too; `measure` leaves its own profile behind
         name = engine.model_id
         out.setdefault("models", {})[name] = {"fingerprint": engine.backend.info.fingerprint,
                                               "template_tools": engine.decider.fmt.template_tools}
@@ -323,6 +324,7 @@ def run(args: argparse.Namespace) -> dict:
             for j, it in enumerate(scored):
                 tools = registry(args.seed * 100003 + j * 7 + size, catalogue, it["gold"], size)
                 req = ChatRequest(model=name, messages=it["messages"], tools=tools)
+                engine.decider.profile = router_alone
                 t0 = time.perf_counter()
                 plan = engine.plan(req)
                 route_ms = (time.perf_counter() - t0) * 1e3

@@ -48,6 +48,35 @@ def test_tiny_run_writes_the_json_the_issue_names(routing_data, tmp_path, capsys
     assert "| tools | model | variant |" in capsys.readouterr().out
 
 
+def test_the_router_row_is_the_router_mode_of_the_shipped_setting_after_every_model_pass(routing_data, tmp_path,
+                                                                                          nexus_home):
+    """The `router` row is planned with the model's own setting in router mode (its floor for requests naming no
+    value), not with the neutral setting the previous item's model pass left on the engine (stop 61: SmolLM2's
+    router row at 1,000 tools kept 1 of 12 chat turns from a call where the router alone, run by itself, kept 5)."""
+    from nexus_agent.cli import main
+    from nexus_agent.turn.profile import save_decide_profile
+    from nexus_agent.turn.request_parts import request_values
+
+    class A:  # seed 59's two relevant requests name no value ("I need a therapist for my family in berkeley.")
+        queries, irrelevant = str(routing_data / "queries.jsonl"), str(routing_data / "queries_irrelevant.jsonl")
+        chat, relevant, n_irrelevant, n_chat, seed = None, 2, 0, 0, 59
+
+    names = [json.loads(line)["name"] for line in (routing_data / "tools.jsonl").read_text().splitlines()]
+    assert [request_values(i["messages"][-1]["content"]) for i in items(A, names)] == [0, 0]
+    data = ["--tools", str(routing_data / "tools.jsonl"), "--queries", A.queries, "--irrelevant", A.irrelevant,
+            "--sizes", "10", "--model", "smollm2", "--relevant", "2", "--n-irrelevant", "0", "--n-chat", "0",
+            "--timed", "0", "--n-ctx", "4096", "--seed", "59"]
+    first = tmp_path / "router.json"
+    assert main(["eval", "decide", *data, "--ks", "", "--json", str(first)]) == 0
+    r = json.loads(first.read_text())
+    assert r["sizes"]["10"]["smollm2"]["router"]["relevant_no_call"] < 1.0  # the default floor lets one through
+    save_decide_profile(r["models"]["smollm2"]["fingerprint"], DecideProfile(mode="router", no_value_floor=1.01))
+    out = tmp_path / "decide.json"  # now no router score reaches the floor: neither names a value
+    assert main(["eval", "decide", *data, "--ks", "3", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())["sizes"]["10"]["smollm2"]
+    assert r["router"]["relevant_no_call"] == r["nexus"]["relevant_no_call"] == 1.0, r
+
+
 def _measured(kind: str, p_call: float, lps: dict, gold=None) -> tuple[dict, dict]:
     cands = list(lps)
     return ({"kind": kind, "gold": gold, "key": f"{kind}{p_call}{gold}{cands}"},

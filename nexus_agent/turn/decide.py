@@ -101,7 +101,8 @@ class Decision:
                 "p_call": None if self.p_call is None else round(self.p_call, 4), "reading": self.reading,
                 "score": None if self.score is None else round(self.score, 3), "values": self.values,
                 "vetoed": self.vetoed, "rechecked": self.rechecked,
-                "candidates": self.candidates,
+                "candidates": self.candidates, "scores": [round(x, 4) for x in self.scores],
+                "top1": round(self.top1, 4), "margin": round(self.margin, 4),
                 "prompt_tokens": self.prompt_tokens, "spliced": self.spliced, "splice_fallback": self.splice_fallback,
                 "prefill_ms": round(self.prefill_ms, 1), "decide_ms": round(self.decide_ms, 1),
                 "call_ms": round(self.call_ms, 1), "drafts": [list(x) for x in self.drafts]}

@@ -532,6 +532,9 @@ def test_a_matrix_the_request_writes_is_copied_whole_in_place(qwen_backends, tmp
                                     "matB": [[10, 11, 12], [13, 14, 15], [16, 17, 18]]}, d.calls
     fed, kept = d.drafts[0]  # the first call's copied matrices were drafted: the trace's decide event says how much
     assert 0 < kept <= fed and d.as_dict()["drafts"][0] == [fed, kept], d.drafts
+    e = d.as_dict()  # the trace's decide event carries the router's evidence: its score is recomputed from it
+    assert len(e["scores"]) == len(e["candidates"]) == len(d.candidates) > 0, e
+    assert abs(profile.call_score(d.p_call, e["top1"], e["margin"], e["values"]) - e["score"]) < 0.01, e
 
 
 def test_respelled_keeps_the_tokens_the_context_holds_for_the_same_text(qwen_backends):

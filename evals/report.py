@@ -133,7 +133,7 @@ def write_report(out: Path) -> Path:
         meta = r.get("report_meta") or {}
         if meta:
             ran = (f"`nexus eval {name} {' '.join(meta.get('args', []))}` — {meta.get('wall_s', '?')} s, "
-                   f"finished {meta.get('finished', '?')}.")
+                   f"finished {meta.get('finished', '?')}." + (f" ({meta['note']})" if meta.get("note") else ""))
         else:  # NAME.json written by `nexus eval NAME --json` directly: no timing was recorded
             ran = f"Run directly as `nexus eval {name} {' '.join(bench.plan_for('DIR'))}` (wall time not recorded)."
         parts += [f"## {bench.title}", "", bench.blurb, "", ran, ""]

@@ -35,28 +35,56 @@ def _ms(v) -> str:
 
 
 def accuracy_figure(r: dict):
-    """Decision accuracy vs registry size per model and variant; with one size, every metric as bars."""
+    """Decision accuracy vs registry size, one panel per model, one colour per variant in every panel (the shipped
+    `nexus` drawn thickest); a variant that failed every item (its prompt overflowed) is an x at 0. With one size,
+    every metric as bars."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
     sizes = sorted(int(s) for s in r["sizes"])
     if len(sizes) == 1:
+        fig, ax = plt.subplots(figsize=(7, 4))
         return _bars(fig, ax, r, sizes[0])
-    series: dict[tuple[str, str], list] = {}
+    series: dict[str, dict[str, list]] = {}
     for s in sizes:
         for model, variants in r["sizes"][str(s)].items():
             for v, m in variants.items():
-                series.setdefault((model, v), []).append((s, m.get("decision_acc")))
-    for (model, v), pts in sorted(series.items()):
-        pts = [(s, a) for s, a in pts if a is not None]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{model} {v}")
-    log_ticks(ax, sizes)
-    ax.set_xlabel("tools in the registry")
-    ax.set_ylabel("decision accuracy")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=7)
-    ax.set_title("Right tool when one is wanted, no call otherwise")
+                series.setdefault(model, {}).setdefault(v, []).append((s, m))
+    names = sorted({v for per in series.values() for v in per}, key=lambda v: (v != "nexus", v != "router", v))
+    colour = {v: f"C{i % 10}" for i, v in enumerate(names)}
+    fig, axes = plt.subplots(1, len(series), figsize=(3.4 * len(series) + 1.6, 3.8), sharey=True, squeeze=False)
+    for ax, (model, per) in zip(axes[0], sorted(series.items())):
+        for v, pts in sorted(per.items(), key=lambda kv: names.index(kv[0])):
+            ok = [(s, m["decision_acc"]) for s, m in pts if m.get("decision_acc") is not None and not _overflowed(m)]
+            if ok:
+                ax.plot([p[0] for p in ok], [p[1] for p in ok], color=colour[v], **_style(v))
+            bad = [s for s, m in pts if _overflowed(m)]
+            if bad:
+                ax.plot(bad, [0.0] * len(bad), marker="x", ls="none", ms=8, color=colour[v], clip_on=False)
+        log_ticks(ax, sizes)
+        ax.set_xlabel("tools in the registry")
+        ax.set_title(model, fontsize=9)
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("decision accuracy")
+    handles = [plt.Line2D([], [], color=colour[v], label=v, **_style(v)) for v in names]
+    handles.append(plt.Line2D([], [], color="k", marker="x", ls="none", label="overflowed every item"))
+    fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
+    fig.suptitle("Right tool when one is wanted, no call otherwise", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1 - 1.5 / (3.4 * len(series) + 1.6), 1))
     return fig
+
+
+def _style(v: str) -> dict:
+    """The shipped setting thick on top; the router alone and every tool in the prompt hollow and larger, so a
+    variant that scores the same (a router-mode model's `nexus`) is seen beneath the other."""
+    if v == "nexus":
+        return {"marker": "o", "lw": 2.5, "zorder": 3}
+    if v in ("router", "all"):
+        return {"marker": "s" if v == "router" else "D", "ms": 9, "mfc": "none", "ls": "--", "lw": 1.2, "zorder": 2}
+    return {"marker": "o", "lw": 1.2, "zorder": 2}
+
+
+def _overflowed(m: dict) -> bool:
+    return bool(m.get("n")) and m.get("failed", 0) >= m["n"]
 
 
 def _bars(fig, ax, r: dict, size: int):

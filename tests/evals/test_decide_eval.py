@@ -258,3 +258,20 @@ def test_a_spliced_reading_within_the_splice_reach_is_rechecked_on_the_text_read
     assert name_err == pytest.approx(0.4 * SPLICE_SLACK)  # the gap a - b: +0.2 spliced, -0.2 as text
     with pytest.raises(ValueError, match="splice_err"):
         DecideProfile(splice_err=-1.0)
+
+
+def test_the_figure_has_a_panel_per_model_and_marks_an_overflowed_variant():
+    from evals.decide_report import accuracy_figure
+
+    def m(acc, failed=0):
+        return {"decision_acc": acc, "failed": failed, "n": 10}
+
+    r = {"sizes": {"10": {"a": {"nexus": m(0.8), "router": m(0.7), "all": m(0.6)}, "b": {"router": m(0.5)}},
+                   "250": {"a": {"nexus": m(0.75), "router": m(0.6), "all": m(0.0, failed=10)},
+                           "b": {"router": m(0.4)}}}}
+    fig = accuracy_figure(r)
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["a", "b"]
+    lines = {(tuple(ln.get_xdata()), tuple(ln.get_ydata()), ln.get_marker()) for ln in panels[0].get_lines()}
+    assert ((10,), (0.6,), "D") in lines and ((250,), (0.0,), "x") in lines  # all: measured at 10, overflowed at 250
+    assert ((10, 250), (0.8, 0.75), "o") in lines and len(panels[1].get_lines()) == 1

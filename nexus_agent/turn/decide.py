@@ -95,12 +95,14 @@ class Decision:
     vetoed: bool = False  # the score said call, the model's own p(call) on every reading was below `p_veto`
     rechecked: list = field(default_factory=list)  # "call" / "name": decided again on the prompt as text, the
     # spliced prompt's reading being within the splice's reach of the other outcome (`DecideProfile.splice_err`)
+    repeated: str | None = None  # the tool the model chose again on no part of the request the turn's calls of it
+    # left (`made`): the decision became text
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "how": self.how, "calls": [c.name for c in self.calls],
                 "p_call": None if self.p_call is None else round(self.p_call, 4), "reading": self.reading,
                 "score": None if self.score is None else round(self.score, 3), "values": self.values,
-                "vetoed": self.vetoed, "rechecked": self.rechecked,
+                "vetoed": self.vetoed, "rechecked": self.rechecked, "repeated": self.repeated,
                 "candidates": self.candidates, "scores": [round(x, 4) for x in self.scores],
                 "top1": round(self.top1, 4), "margin": round(self.margin, 4),
                 "prompt_tokens": self.prompt_tokens, "spliced": self.spliced, "splice_fallback": self.splice_fallback,
@@ -273,7 +275,7 @@ class Decider:
             if again and d.how == "model" and not new_part(args, again, request):
                 if d.calls:
                     break
-                d.kind, logits = "text", live.prefill(prompt)  # the context holds the prompt again
+                d.kind, d.repeated, logits = "text", name, live.prefill(prompt)  # the context holds the prompt again
                 d.decide_ms = (time.perf_counter() - t0) * 1e3
                 return d, prompt, logits
             if d.calls and not new_part(args, d.calls, request):

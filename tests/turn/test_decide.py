@@ -240,6 +240,7 @@ def test_a_tool_the_turn_called_is_called_again_only_on_a_new_part(qwen_backends
                          '{"query": "CREATE TABLE products (id INTEGER, title TEXT)"}', "Table created successfully")
     backend = qwen_backends("llamacpp")
     live = LiveContext(backend, None, 4096)
+    repeated = []
     try:
         for messages, tools, r in ((add, TOOLS, router), (create, SQL_TOOLS, sql_router)):
             for parallel in (False, True):
@@ -247,8 +248,11 @@ def test_a_tool_the_turn_called_is_called_again_only_on_a_new_part(qwen_backends
                                 lambda ids: live, 4096, None, "auto", parallel).decision
                 called = messages[1]["tool_calls"][0]["function"]["name"]
                 assert d.kind == "text" or all(c.name != called for c in d.calls), (d.calls, d.p_call)
+                assert d.repeated in (None, called) and (d.repeated is None or d.kind == "text"), d
+                repeated += [d.as_dict()["repeated"]] if d.repeated else []
     finally:
         live.close()
+    assert "create_table" in repeated, repeated  # the trace says why a call the model chose became text
 
 
 def test_a_parallel_call_must_act_on_its_own_part_of_the_request():

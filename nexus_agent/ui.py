@@ -34,6 +34,8 @@ class Console:
             self.out.print(f"[cyan]route[/cyan] {escape(repr(e['step']))} → [bold]{tool}[/bold] "
                            f"[dim]{e['path']} score={e['score']:.2f} margin={e['margin']:.2f} "
                            f"{e['route_ms']:.0f} ms[/dim]")
+        elif kind == "decide":
+            self._decide(e)
         elif kind == "args":
             self._kind = None
             mark = "[green]valid[/green]" if e["valid"] else f"[red]invalid[/red]: {escape(str(e['problem']))}"
@@ -51,6 +53,29 @@ class Console:
         elif kind == "memory" and e["action"] not in ("prefill",):
             reason = escape(str(e.get("reason", "")))
             self.out.print(f"  [magenta]memory[/magenta] {escape(str(e['action']))} {reason}")
+
+    def _decide(self, e: dict) -> None:
+        """The turn's decision: what (the calls, or text), who decided, and on what evidence."""
+        what = ", ".join(e.get("calls") or []) if e["kind"] == "call" else "text"
+        evidence = [e["how"]]
+        if e.get("p_call") is not None:
+            evidence.append(f"p(call)={e['p_call']:.2f}")
+        if e.get("score") is not None:
+            evidence.append(f"score={e['score']:+.2f}")
+        evidence.append(f"top1={e.get('top1', 0.0):.2f} margin={e.get('margin', 0.0):.2f}")
+        shown = f"{len(e.get('candidates') or [])} candidate(s)"
+        if e.get("spliced"):
+            shown += f", {e['spliced']} block(s) spliced"
+        notes = []
+        if e.get("repeated"):
+            notes.append(f"{e['repeated']} again on no new part of the request")
+        if e.get("vetoed"):
+            notes.append("vetoed: the model's near-certain no")
+        if e.get("rechecked"):
+            notes.append(f"rechecked as text ({', '.join(e['rechecked'])})")
+        self.out.print(f"[cyan]decide[/cyan] → [bold]{escape(what)}[/bold] [dim]{escape(' '.join(evidence))} · "
+                       f"{escape(shown)} · {e.get('decide_ms', 0.0):.0f} ms[/dim]"
+                       + (f" [yellow]{escape('; '.join(notes))}[/yellow]" if notes else ""))
 
     def done(self, result) -> None:
         self._kind = None

@@ -170,15 +170,25 @@ def measure(engine, req, k: int, fit_all: int, blocks=None, k_sure: int = 0) -> 
     earlier request leaves cached), so text and spliced variants pay for the same tokens. `blocks`: a
     `ToolBlocks` to splice the candidates from (their blocks compiled first, after the head, in a scratch
     session: `nexus compile`'s canonical place, never this prompt's own context)."""
+    from nexus_agent.turn.profile import DecideProfile
+
+    dec = engine.decider
+    kept = dec.profile, dec.blocks, dec.all_names  # restored after: the router rows and the timed calls use them
+    dec.profile = DecideProfile(mode="model", k=k, k_sure=k_sure, fit_all=fit_all, bias=1e6)  # always the names
+    dec.blocks = blocks
+    dec.all_names = True  # every candidate's log-probability: variants are scored from them offline
+    try:
+        return _measured(engine, req, blocks)
+    finally:
+        dec.profile, dec.blocks, dec.all_names = kept
+
+
+def _measured(engine, req, blocks) -> dict:
+    """`measure`'s pass, on the decider as `measure` set it."""
     from nexus_agent.turn.decide import top_k
     from nexus_agent.turn.engine import decision_prompt, reading_prompts
-    from nexus_agent.turn.profile import DecideProfile
     from nexus_agent.turn.retrieval import retrieve
 
-    # bias 1e6: always reach the names
-    engine.decider.profile = DecideProfile(mode="model", k=k, k_sure=k_sure, fit_all=fit_all, bias=1e6)
-    engine.decider.blocks = blocks
-    engine.decider.all_names = True  # every candidate's log-probability: variants are scored from them offline
     by_name = {t.name: t for t in req.tools}
     profile = engine.decider.profile
     cands = top_k(retrieve(engine.router_for(req.tools), req.messages, profile.k), by_name, profile, len(req.tools))
@@ -310,10 +320,8 @@ def run(args: argparse.Namespace) -> dict:
         can = engine.backend.capabilities.can_splice and engine.decider.fmt.template_tools
         head = {} if args.splice_head is None else {"head": args.splice_head}
         blocks = ToolBlocks(engine.backend, **head) if args.splice and can else None
-        shipped_blocks = engine.decider.blocks
         shipped = load_decide_profile(engine.backend.info.fingerprint, engine.decider.fmt.template_tools)
         sures = sorted(asked_sures | ({shipped.k_sure} if shipped.k_sure else set()))  # what ships is measured
-        router_alone = replace(shipped, mode="router")  # its floor too; `measure` leaves its own profile behind
         name = engine.model_id
         out.setdefault("models", {})[name] = {"fingerprint": engine.backend.info.fingerprint,
                                               "template_tools": engine.decider.fmt.template_tools}
@@ -324,7 +332,6 @@ def run(args: argparse.Namespace) -> dict:
             for j, it in enumerate(scored):
                 tools = registry(args.seed * 100003 + j * 7 + size, catalogue, it["gold"], size)
                 req = ChatRequest(model=name, messages=it["messages"], tools=tools)
-                engine.decider.profile = router_alone
                 t0 = time.perf_counter()
                 plan = engine.plan(req)
                 route_ms = (time.perf_counter() - t0) * 1e3
@@ -375,7 +382,6 @@ def run(args: argparse.Namespace) -> dict:
                     res["nexus-one-reading"] = score([_row(it, m and dict(m, p_beside=[]), profile)
                                                       for it, m in per_size[size]["meas"][key]])
             _splice_fidelity(res, per_size[size]["meas"], profile)
-        engine.decider.blocks = shipped_blocks
         _time_calls(engine, profile, scored, sizes, catalogue, args, out, name)
         engine.close()
     if args.dump:

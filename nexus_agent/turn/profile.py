@@ -24,21 +24,24 @@ NO_VALUE_FLOOR = 0.30  # router mode's floor for a request that names no value (
 @dataclass
 class DecideProfile:
     """mode: "model" (the model decides among the candidates) or "router" (the router's pick stands); k: candidates
-    shown; k_sure: candidates shown when the router's gate is sure (its path "auto": margin over tau), 0 for k (1: the
-    router's pick is the only candidate, the model decides call or text and fills the arguments); fit_all: show every
-    tool when there are at most this many (they fit the prompt); call = bias + w_model * logit(p_call) + w_top1 * top-1
-    score + w_margin * margin + w_values * values > 0 decides call vs text (p_call: the model's probability of starting
-    a call; values: whether the request names a value a call takes, `request_parts.request_values`: chatter rarely names
-    one); p_veto: where the model's own p(call), on every reading of the conversation, is below it, the answer is text
-    whatever the router's evidence (the model is sure; 0: never); a candidate's name scores the model's log-probability
-    of it + name_weight x the router's score + rank_bias[its rank in the list shown] (small models favour the first
-    tools listed: the fitted offsets counter it); splice: the candidates' schemas are spliced from KV blocks
-    (`turn.blocks`) where the backend can; splice_err / splice_name_err: how far a spliced prompt's reading may lie from
-    the same prompt's prefilled as text, in logit p(call) and in a gap between two names' log-probabilities (measured by
-    `nexus eval decide --splice`): a spliced decision within that reach of the other outcome is made again on the prompt
-    as text (0: never); no_value_floor: in router mode, the router's top-1 score a request that names no value
-    (`request_parts.request_values`) needs for a call, beside the gate's own floor (0: the gate alone); source: where
-    the numbers come from (default | calibrated: how, when); metrics: what the calibration measured."""
+    shown; k_sure: candidates shown when the router's gate is sure (its path "auto": margin over tau), 0 for k (1:
+    the router's pick is the only candidate, the model decides call or text and fills the arguments); fit_all: show
+    every tool when there are at most this many (they fit the prompt); call = bias + w_model * logit(p_call) +
+    w_top1 * top-1 score + w_margin * margin + w_values * values > 0 decides call vs text (p_call: the model's
+    probability of starting a call; values: whether the request names a value a call takes,
+    `request_parts.request_values`: chatter rarely names one); p_veto: where the model's own p(call), on every
+    reading of the conversation, is below it, the answer is text whatever the router's evidence (the model is sure;
+    0: never); a candidate's name scores the model's log-probability of it + name_weight x the router's score +
+    rank_bias[its rank in the list shown] (`nexus eval decide` fits one offset for every rank after the first:
+    positive counters a model that favours the first tool listed, negative keeps the router's order unless the model
+    prefers another tool by that many nats); splice: the candidates' schemas are spliced from KV blocks
+    (`turn.blocks`) where the backend can; splice_err / splice_name_err: how far a spliced prompt's reading may lie
+    from the same prompt's prefilled as text, in logit p(call) and in a gap between two names' log-probabilities
+    (measured by `nexus eval decide --splice`): a spliced decision within that reach of the other outcome is made
+    again on the prompt as text (0: never); no_value_floor: in router mode, the router's top-1 score a request that
+    names no value (`request_parts.request_values`) needs for a call, beside the gate's own floor (0: the gate
+    alone); source: where the numbers come from (default | calibrated: how, when); metrics: what the calibration
+    measured."""
 
     mode: str = "model"
     k: int = 5

@@ -98,6 +98,24 @@ def test_fit_separates_calls_from_text_and_counters_the_first_listed_bias():
     assert fit(rows, router_acc=1.01, max_lost=0.0, k=2, fit_all=10).mode == "router"  # below the router: router
 
 
+def test_one_offset_for_every_later_candidate_from_the_middle_of_its_best_range():
+    """The router's first pick is right where the model prefers the second (by 1.1 nats) or the third (by 1.5), and
+    wrong where the model prefers the third by 5: any offset from -2 to -4 for the later candidates names every tool
+    right. The fit gives both later ranks the same offset, from the middle of that range (-3, not the edge -2 that
+    one item's gap sits on)."""
+    rows = []
+    for i in range(6):
+        rows.append(_measured("relevant", 0.9, {"a": -2.0, "b": -0.9, "c": -4.0}, "a"))
+        rows.append(_measured("relevant", 0.91, {"a": -2.0, "b": -4.0, "c": -0.5}, "a"))
+        rows.append(_measured("chat", 0.02 + 0.01 * i, {"a": -0.1, "b": -2.0, "c": -3.0}))
+    for i in range(4):
+        rows.append(_measured("relevant", 0.92 + 0.01 * i, {"a": -5.1, "b": -6.0, "c": -0.1}, "c"))
+    rows = [({**it, "key": f"{it['key']}{j}"}, m) for j, (it, m) in enumerate(rows)]
+    prof = fit(rows, router_acc=0.0, max_lost=0.0, k=3, fit_all=10)
+    assert prof.rank_bias == [0.0, -3.0, -3.0], prof.rank_bias
+    assert all(apply(prof, m) == it["gold"] for it, m in rows)
+
+
 def test_the_router_weight_on_names_is_fitted_unless_fixed():
     """The router scores the gold tool higher where the model prefers another (listed in either order, so no rank
     offset gets them all): the fit weighs the router's score; `--name-weight 0` keeps the model's preference, a rank

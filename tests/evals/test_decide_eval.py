@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from evals.decide import HISTORIES, items
 from evals.decide_fit import apply, fit
+from evals.decide_measure import HISTORIES, items
 from nexus_agent.turn.profile import DecideProfile
 
 
@@ -194,10 +194,10 @@ def test_a_bad_profile_file_is_named(nexus_home):
 
 def test_an_item_that_failed_is_neither_a_call_nor_a_text_answer():
     """A variant whose prompt overflows decides nothing: that is wrong for a chat turn too, not a "no call"."""
-    from evals.decide import _row, score
+    from evals.decide_score import row, score
 
     items = [{"kind": "relevant", "gold": "add"}, {"kind": "irrelevant", "gold": None}, {"kind": "chat", "gold": None}]
-    m = score([_row(it, None, None) for it in items])
+    m = score([row(it, None, None) for it in items])
     assert m["failed"] == 3 and m["decision_acc"] == 0.0 and m["tool_acc"] == 0.0
     assert m["irrelevant_no_call"] == 0.0 and m["chat_no_call"] == 0.0 and m["relevant_no_call"] == 0.0
 

@@ -456,7 +456,7 @@ def test_after_calls_a_request_is_also_read_alone(qwen_backends, router):
     """Three calls and their results into a conversation, the 0.5B reads p(call) 0.12 for a request it reads at
     0.82 alone (measured here; `nexus eval serve`'s conversation lost its fifth request to an empty text answer
     so): p(call) is also read on the last exchange alone, and the request is a call."""
-    from evals.decide import called_turns
+    from evals.decide_measure import called_turns
     from nexus_agent.openai_api import template_messages
     from nexus_agent.turn.engine import readings
 

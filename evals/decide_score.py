@@ -60,7 +60,7 @@ def neutral(profile):
 
 def splice_fidelity(res: dict, meas: dict, profile) -> None:
     """Each spliced variant's fidelity to the same candidates prefilled as text (`_fidelity`), with `profile`'s
-    splice reach: decided by the model alone (`_neutral`; keys without a suffix) and by `profile` (`_nexus`)."""
+    splice reach: decided by the model alone (`neutral`; keys without a suffix) and by `profile` (`_nexus`)."""
     for vname, pairs in meas.items():
         text = meas.get(vname.removesuffix("-splice"))
         if vname.endswith("-splice") and text and vname in res:

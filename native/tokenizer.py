@@ -156,6 +156,7 @@ class Tokenizer:
         reaches the template as variables (`tools=[{"type": "function", "function": {...}}]`)."""
         if not self.chat_template:
             raise ModelError("this model has no chat template; pass raw text to generate instead")
+        messages = _template_call_ids(messages)
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_template_error
         held = extra.pop("_tools_held", None)  # id(tool) -> index: render those tools as placeholders
@@ -163,10 +164,18 @@ class Tokenizer:
         env.filters["tojson"] = (tojson if not held else
                                  lambda v, **kw: _TOOL_PLACEHOLDER.format(held[id(v)]) if id(v) in held and not kw
                                  else tojson(v, **kw))
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token, eos_token=self.eos_token, **extra,
-        )
+        template = env.from_string(self.chat_template)
+
+        def render(msgs):
+            return template.render(messages=msgs, add_generation_prompt=add_generation_prompt,
+                                   bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+        try:
+            return render(messages)
+        except ModelError:  # a template that takes one call per message (Llama 3.1's) gets them so
+            split = _one_call_per_message(messages)
+            if split == messages:
+                raise
+            return render(split)
 
     def _tojson_filter(self):
         specials = tuple(t for t in (self.token_text(i) for i in self.special_ids) if len(t) > 1)
@@ -275,6 +284,38 @@ def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=F
         if s in text:
             text = text.replace(s, f"\\u{ord(s[0]):04x}{s[1:]}")
     return text
+
+
+def _template_call_ids(messages: list[dict]) -> list[dict]:
+    """`messages` with every tool call id, and the `tool_call_id` of every tool result, as nine letters or digits:
+    an id that is not already is replaced by the first nine hex digits of its SHA-256, the same for the call and
+    its result. Mistral's templates refuse any other id; no template gives an id a meaning beyond pairing a call
+    with its result, and the same conversation renders the same text on every request (its prefix stays cached)."""
+    def short(i):
+        return i if not isinstance(i, str) or _TEMPLATE_ID.fullmatch(i) else hashlib.sha256(i.encode()).hexdigest()[:9]
+
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = dict(m, tool_calls=[dict(c, id=short(c["id"])) if "id" in c else c for c in m["tool_calls"]])
+        if "tool_call_id" in m:
+            m = dict(m, tool_call_id=short(m["tool_call_id"]))
+        out.append(m)
+    return out
+
+
+_TEMPLATE_ID = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def _one_call_per_message(messages: list[dict]) -> list[dict]:
+    """`messages` with an assistant message of several tool calls as consecutive messages of one call each (its
+    text on the first)."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls") or []
+        out += [m] if len(calls) < 2 else [dict(m, tool_calls=[c], content=m.get("content") if k == 0 else "")
+                                           for k, c in enumerate(calls)]
+    return out
 
 
 def _raise_template_error(message: str):

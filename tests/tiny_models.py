@@ -71,9 +71,12 @@ def _copy_vocab(w: gguf.GGUFWriter, meta: dict) -> None:
         w.add_chat_template(str(meta["tokenizer.chat_template"]))
 
 
-def write_tiny_gguf(path, spec: TinySpec, vocab_path: str, seed: int = 0) -> str:
-    """Write a random-weight GGUF of `spec` with the vocabulary of the GGUF at `vocab_path`; returns the path."""
+def write_tiny_gguf(path, spec: TinySpec, vocab_path: str, seed: int = 0, chat_template: str | None = None) -> str:
+    """Write a random-weight GGUF of `spec` with the vocabulary of the GGUF at `vocab_path` (and its chat template,
+    or `chat_template`); returns the path."""
     meta = read_gguf_header(vocab_path).metadata
+    if chat_template is not None:
+        meta = dict(meta, **{"tokenizer.chat_template": chat_template})
     rng = np.random.default_rng(seed)
     n_vocab = len(meta["tokenizer.ggml.tokens"])
     d, hd, h, kv = spec.d_model, spec.head_dim, spec.n_heads, spec.n_kv_heads

@@ -85,9 +85,14 @@ def _separator(tokenizer, tool, arguments, closer: str, opener: str, start: int)
         text = tokenizer.apply_chat_template(_probe_messages(arguments, 2), False, tools=[tool])
     except (ModelError, TypeError, ValueError):
         return "\n"
-    first = text.find(closer, start)
-    second = text.find(opener, first + len(closer)) if first >= 0 else -1
-    return text[first + len(closer):second] if second >= 0 else "\n"
+    first = text.find(opener, start)
+    if first < 0 or (key := text.find(_KEY, first)) < 0:
+        return "\n"
+    end = text.find("}", key) + 1  # the first call's arguments end here (the closer may hold a "}" too)
+    if not end or not text.startswith(closer, end):
+        return "\n"
+    second = text.find(opener, end + len(closer))
+    return text[end + len(closer):second] if second >= 0 else "\n"
 
 
 _TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "</s>", "<|end|>", "<|endoftext|>")

@@ -146,7 +146,10 @@ class Decider:
         self.opener = self.tok.encode(self.fmt.opener, special=True)
         self.between = self.tok.encode(self.fmt.between, special=True)
         self.closer = self.tok.encode(self.fmt.closer, special=True)
-        self.next_call = self.tok.encode(self.fmt.separator + self.fmt.opener, special=True)[:1]
+        # the token that begins another call in the same message; none where the template ends the message between
+        # two calls (Llama 3.1's takes one call per message): such a model makes one call per reply
+        self.next_call = [t for t in self.tok.encode(self.fmt.separator + self.fmt.opener, special=True)[:1]
+                          if t not in self.tok.eos_ids]
         self.call_starts, self.brace_starts = _starts(self.tok, self.fmt)
         # control tokens no reply holds (Qwen's <|im_start|>, fill-in-the-middle markers): not the end of a turn,
         # not the call opener
@@ -283,7 +286,8 @@ class Decider:
                 # otherwise repeat a call, or call every candidate with the same value)
             d.calls.append(Choice(name, args, problem, text))
             ids = done = self._after_arguments(live, ids, text) + self.closer
-            if not parallel or len(d.calls) >= MAX_PARALLEL or named or not values_left(request, d.calls):
+            if (not parallel or not self.next_call or len(d.calls) >= MAX_PARALLEL or named
+                    or not values_left(request, d.calls)):
                 break  # (no value of the request is left for a further call: `new_part` would drop it, decoded)
             logits = live.prefill(ids)
             p = np.exp(logits.astype(np.float64) - logits.max())

@@ -1,0 +1,148 @@
+"""How a call is written, read from chat templates of the other families with a tools section, and conversations
+those templates refuse as a framework sends them. The templates are written here in the families' formats (Llama
+3.1: a call is `{"name", "parameters"}` and a message holds one call; Mistral v0.3: `[TOOL_CALLS] [...]`, the tools
+before the last user turn, call ids of nine letters or digits) over the packaged SmolLM2's real tokenizer, and
+served by a real `nexus serve` over tiny random-weight GGUFs that carry them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+
+from native.base import ModelError
+from native.tokenizer import load_tokenizer
+from nexus_agent.openai_api import template_messages
+from nexus_agent.turn.call_format import probe_call_format
+
+LLAMA31 = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m.role == 'user' and loop.first and tools %}<|start_header_id|>user<|end_header_id|>\n\n"
+    "Given the following functions, reply with a JSON function call.\n"
+    "{% for t in tools %}{{ t | tojson(indent=4) }}\n\n{% endfor %}{{ m.content }}<|eot_id|>"
+    "{% elif m.tool_calls %}{% if m.tool_calls | length != 1 %}{{ raise_exception('one call per message') }}{% endif %}"
+    "{% set c = m.tool_calls[0].function %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+    '{"name": "{{ c.name }}", "parameters": {{ c.arguments | tojson }}}<|eot_id|>'
+    "{% else %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+MISTRAL = (
+    "{{ bos_token }}{% set users = messages | selectattr('role', 'equalto', 'user') | list %}"
+    "{% for m in messages %}{% if m.role == 'user' %}"
+    "{% if tools and m == users[-1] %}[AVAILABLE_TOOLS] {{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "[INST] {{ m.content }}[/INST]"
+    "{% elif m.tool_calls %}[TOOL_CALLS] [{% for c in m.tool_calls %}"
+    "{% if c.id is not string or c.id | length != 9 %}{{ raise_exception('call ids must be 9 characters') }}"
+    '{% endif %}{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}, '
+    '"id": "{{ c.id }}"}{% if not loop.last %}, {% endif %}{% endfor %}]{{ eos_token }}'
+    "{% elif m.role == 'tool' %}[TOOL_RESULTS] {\"call_id\": \"{{ m.tool_call_id }}\", \"content\": "
+    "{{ m.content | tojson }}}[/TOOL_RESULTS]{% else %}{{ m.content }}{% endif %}{% endfor %}")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+def _call(cid: str, name: str, arguments: str) -> dict:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+OSLO, ROME = "call_Qk2vX8pLm3NaT0", "call_Zr7bW1cYd5EeU9"
+CONVERSATION = template_messages([  # as a framework sends it back (its own call ids, two calls in one message)
+    {"role": "user", "content": "Weather in Oslo and in Rome?"},
+    {"role": "assistant", "content": None, "tool_calls": [_call(OSLO, "get_weather", '{"city": "Oslo"}'),
+                                                          _call(ROME, "get_weather", '{"city": "Rome"}')]},
+    {"role": "tool", "tool_call_id": OSLO, "content": "3 C"},
+    {"role": "tool", "tool_call_id": ROME, "content": "18 C"},
+    {"role": "user", "content": "Thanks!"},
+])  # as the server renders them
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def test_each_familys_call_format_is_read_from_its_template(tok):
+    llama = probe_call_format(replace(tok, chat_template=LLAMA31))
+    assert (llama.opener, llama.between, llama.closer, llama.template_tools) == (
+        '{"name": "', '", "parameters": ', "}", True)
+    # the message ends between two calls; the closer's "}" is not the arguments' own
+    assert llama.separator == "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    mistral = probe_call_format(replace(tok, chat_template=MISTRAL))  # its probe call needs a nine-character id
+    assert (mistral.opener, mistral.between, mistral.template_tools) == (
+        '[TOOL_CALLS] [{"name": "', '", "arguments": ', True)
+    assert re.fullmatch(r', "id": "[0-9a-f]{9}"\}\]', mistral.closer)
+
+
+def test_a_frameworks_call_ids_reach_a_template_as_nine_characters(tok):
+    """Mistral's template refuses any other id: each call and its result get the same nine hex digits, the same
+    on every request (the conversation's prefix stays cached); an id that already qualifies is kept."""
+    mistral = replace(tok, chat_template=MISTRAL)
+    text = mistral.apply_chat_template(CONVERSATION, True, tools=TOOLS)
+    calls = re.findall(r'"id": "(\w+)"', text)
+    results = re.findall(r'"call_id": "(\w+)"', text)
+    assert len(calls) == 2 and calls == results and all(re.fullmatch(r"[0-9a-f]{9}", i) for i in calls)
+    assert calls[0] != calls[1] and mistral.apply_chat_template(CONVERSATION, True, tools=TOOLS) == text
+    assert "[AVAILABLE_TOOLS]" in text and text.index("[AVAILABLE_TOOLS]") > text.index("[TOOL_RESULTS]")
+    kept = template_messages([dict(CONVERSATION[1], tool_calls=[_call("a1B2c3D4e", "get_weather", "{}")]),
+                              {"role": "tool", "tool_call_id": "a1B2c3D4e", "content": "3 C"}])
+    assert '"id": "a1B2c3D4e"' in mistral.apply_chat_template(CONVERSATION[:1] + kept, False)
+    ids, _ = mistral.encode_chat_tools(CONVERSATION, True, TOOLS)  # the server's path: contents as text
+    assert mistral.decode(ids) == text
+
+
+def test_calls_sent_in_one_message_render_one_per_message_where_the_template_takes_one(tok):
+    llama = replace(tok, chat_template=LLAMA31)
+    text = llama.apply_chat_template(CONVERSATION, True, tools=TOOLS)
+    assert '{"name": "get_weather", "parameters": {"city": "Oslo"}}<|eot_id|>' in text
+    assert '{"name": "get_weather", "parameters": {"city": "Rome"}}<|eot_id|>' in text
+    assert text.count("<|start_header_id|>assistant<|end_header_id|>") == 3  # two calls, then the reply's header
+    assert text.index('"Oslo"}') < text.index('"Rome"}') < text.index("18 C")
+    broken = LLAMA31.replace("{{ bos_token }}", "{{ raise_exception('no such template') }}")
+    with pytest.raises(ModelError, match="no such template"):  # any other refusal is the template's error
+        replace(tok, chat_template=broken).apply_chat_template(CONVERSATION, True)
+
+
+def test_a_model_whose_template_ends_the_message_between_calls_makes_one_call_per_reply(llamacpp_backend):
+    """Between two calls Llama 3.1's template ends the message (its end-of-turn token): the token that would begin
+    another call in the same message is the end of the reply, so no further call is read from it. Here with the
+    model's own end of turn (SmolLM2's `<|im_end|>`, an eos) in that place."""
+    from nexus_agent.turn.decide import Decider
+    from nexus_agent.turn.profile import DecideProfile
+
+    tok = llamacpp_backend.tokenizer
+    one = probe_call_format(replace(tok, chat_template=LLAMA31.replace("<|eot_id|>", "{{ eos_token }}")))
+    assert one.separator.startswith(tok.eos_token) and one.template_tools
+    assert Decider(llamacpp_backend, DecideProfile(), one).next_call == []
+    several = probe_call_format(replace(tok, chat_template=MISTRAL))  # no end of turn between calls
+    assert Decider(llamacpp_backend, DecideProfile(), several).next_call == tok.encode("\n")
+
+
+@pytest.mark.parametrize("family", ["llama3.1", "mistral"])
+def test_a_frameworks_conversation_is_served_under_each_familys_template(tmp_path, family):
+    """The conversation a framework sends back after two parallel calls, through `nexus serve` and the official
+    client, over a model whose template refuses its call ids or its two calls in one message: a reply, not an
+    error (a call or text: the weights are random)."""
+    openai = pytest.importorskip("openai")
+    from serve_helpers import API_KEY, running_serve
+    from tiny_models import SPECS, write_tiny_gguf
+
+    from native.model_files import default_model_path
+
+    template = LLAMA31.replace("<|eot_id|>", "{{ eos_token }}") if family == "llama3.1" else MISTRAL
+    path = write_tiny_gguf(tmp_path / f"{family}.gguf", SPECS["llama3"], default_model_path(), chat_template=template)
+    raw = [{"role": "user", "content": "Weather in Oslo and in Rome?"},
+           {"role": "assistant", "content": None, "tool_calls": [_call(OSLO, "get_weather", '{"city": "Oslo"}'),
+                                                                 _call(ROME, "get_weather", '{"city": "Rome"}')]},
+           {"role": "tool", "tool_call_id": OSLO, "content": "3 C"},
+           {"role": "tool", "tool_call_id": ROME, "content": "18 C"},
+           {"role": "user", "content": "And in Paris?"}]
+    home = tmp_path / "home"
+    home.mkdir()
+    with running_serve(home, "--model", path, "--n-ctx", "2048", "--no-idle-compile") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        r = client.chat.completions.create(model=family, messages=raw, tools=TOOLS, max_tokens=8)
+        assert r.choices[0].finish_reason in ("tool_calls", "stop", "length")
+        assert r.choices[0].message.tool_calls or r.choices[0].message.content is not None
+        r = client.chat.completions.create(model=family, messages=raw, max_tokens=4)  # no tools offered
+        assert r.choices[0].message.content is not None

@@ -171,11 +171,15 @@ class Tokenizer:
                                    bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         try:
             return render(messages)
-        except ModelError:  # a template that takes one call per message (Llama 3.1's) gets them so
-            split = _one_call_per_message(messages)
-            if split == messages:
-                raise
-            return render(split)
+        except ModelError as refused:  # the template's own refusal (`raise_exception`): the conversation as it
+            # takes one, where that is one of the shapes templates ask for (only if it refused the conversation as is)
+            for shaped in (_one_call_per_message(messages), _alternating(messages)):
+                if shaped != messages:
+                    try:
+                        return render(shaped)
+                    except ModelError:
+                        pass
+            raise refused
 
     def _tojson_filter(self):
         specials = tuple(t for t in (self.token_text(i) for i in self.special_ids) if len(t) > 1)
@@ -305,6 +309,27 @@ def _template_call_ids(messages: list[dict]) -> list[dict]:
 
 
 _TEMPLATE_ID = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def _alternating(messages: list[dict]) -> list[dict]:
+    """`messages` as templates that take user and assistant turns in alternation take them (Gemma's, Mistral's
+    first ones): a system message only first (a later one is a user turn), consecutive turns of one role one turn
+    (their texts a blank line apart, their calls in order: two tool results rendered as user turns, a developer and
+    a system message), and a user turn before a first assistant turn (an empty one)."""
+    out: list[dict] = []
+    for m in messages:
+        if m["role"] == "system" and out and out[-1]["role"] != "system":
+            m = dict(m, role="user")
+        if out and out[-1]["role"] == m["role"] and m["role"] in ("system", "user", "assistant"):
+            prev = out.pop()
+            m = dict(prev, content="\n\n".join(t for t in (prev.get("content"), m.get("content")) if t),
+                     **({"tool_calls": [*prev.get("tool_calls", ()), *m.get("tool_calls", ())]}
+                        if prev.get("tool_calls") or m.get("tool_calls") else {}))
+        out.append(m)
+    first = 1 if out and out[0]["role"] == "system" else 0
+    if len(out) > first and out[first]["role"] == "assistant":
+        out.insert(first, {"role": "user", "content": ""})
+    return out
 
 
 def _one_call_per_message(messages: list[dict]) -> list[dict]:

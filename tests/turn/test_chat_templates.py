@@ -1,8 +1,9 @@
-"""How a call is written, read from chat templates of the other families with a tools section, and conversations
-those templates refuse as a framework sends them. The templates are written here in the families' formats (Llama
-3.1: a call is `{"name", "parameters"}` and a message holds one call; Mistral v0.3: `[TOOL_CALLS] [...]`, the tools
-before the last user turn, call ids of nine letters or digits) over the packaged SmolLM2's real tokenizer, and
-served by a real `nexus serve` over tiny random-weight GGUFs that carry them."""
+"""Chat templates of the other families: how a call is written, read from those with a tools section, and the
+conversations a framework sends that they refuse as sent. The templates are written here in the families' formats
+(Llama 3.1: a call is `{"name", "parameters"}` and a message holds one call; Mistral v0.3: `[TOOL_CALLS] [...]`,
+the tools before the last user turn, call ids of nine letters or digits; Gemma: no tools section, a system message
+only first, user and model turns in alternation) over the packaged SmolLM2's real tokenizer, and served by a real
+`nexus serve` over tiny random-weight GGUFs that carry them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from native.base import ModelError
 from native.tokenizer import load_tokenizer
-from nexus_agent.openai_api import template_messages
+from nexus_agent.openai_api import render_messages, template_messages
 from nexus_agent.turn.call_format import probe_call_format
 
 LLAMA31 = (
@@ -38,6 +39,15 @@ MISTRAL = (
     "{% elif m.role == 'tool' %}[TOOL_RESULTS] {\"call_id\": \"{{ m.tool_call_id }}\", \"content\": "
     "{{ m.content | tojson }}}[/TOOL_RESULTS]{% else %}{{ m.content }}{% endif %}{% endfor %}")
 
+GEMMA = (
+    "{{ bos_token }}{% if messages[0].role == 'system' %}{% set first = messages[0].content + '\n\n' %}"
+    "{% set rest = messages[1:] %}{% else %}{% set first = '' %}{% set rest = messages %}{% endif %}"
+    "{% for m in rest %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}\n"
+    "{{ (first if loop.first else '') + m.content }}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
 
 @pytest.fixture(scope="module")
 def tok():
@@ -49,14 +59,16 @@ def _call(cid: str, name: str, arguments: str) -> dict:
 
 
 OSLO, ROME = "call_Qk2vX8pLm3NaT0", "call_Zr7bW1cYd5EeU9"
-CONVERSATION = template_messages([  # as a framework sends it back (its own call ids, two calls in one message)
+SENT = [  # as a framework sends it back after two parallel calls (its own call ids, both calls in one message)
     {"role": "user", "content": "Weather in Oslo and in Rome?"},
     {"role": "assistant", "content": None, "tool_calls": [_call(OSLO, "get_weather", '{"city": "Oslo"}'),
                                                           _call(ROME, "get_weather", '{"city": "Rome"}')]},
     {"role": "tool", "tool_call_id": OSLO, "content": "3 C"},
     {"role": "tool", "tool_call_id": ROME, "content": "18 C"},
     {"role": "user", "content": "Thanks!"},
-])  # as the server renders them
+]
+HELD = [dict(m, content=m["content"] or "") for m in SENT]  # as the server holds it (`openai_api.parse_request`)
+CONVERSATION = template_messages(HELD)  # as the server renders it for a template with a tools section
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -103,6 +115,28 @@ def test_calls_sent_in_one_message_render_one_per_message_where_the_template_tak
         replace(tok, chat_template=broken).apply_chat_template(CONVERSATION, True)
 
 
+def test_turns_reach_a_template_that_takes_them_in_alternation_as_it_takes_them(tok):
+    """Gemma's template refuses two user turns in a row, a second system message, an assistant turn first: such a
+    conversation is rendered with consecutive turns of one role joined, a later system message as a user turn and an
+    empty user turn first; a conversation a template takes is rendered as sent."""
+    gemma = replace(tok, chat_template=GEMMA)
+    two_results = render_messages(HELD)  # for a model with no tools section: tool results as user turns
+    text = gemma.apply_chat_template(two_results, True)
+    assert "<start_of_turn>user\nTool get_weather returned: 3 C\n\nTool get_weather returned: 18 C\n\nThanks!" in text
+    text = gemma.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                      {"role": "system", "content": "Be kind."},
+                                      {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Hi"}])
+    assert text == tok.bos_token + (
+        "<start_of_turn>user\nBe brief.\n\nBe kind.\n\n<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+        "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n")
+    ids, _ = gemma.encode_chat_tools(two_results)  # the server's path: contents as text, markup as markup
+    assert gemma.decode(ids) == gemma.apply_chat_template(two_results, True)
+    assert tok.apply_chat_template(two_results).count("<|im_start|>user") == 4  # SmolLM2's own takes them as sent
+    with pytest.raises(ModelError, match="must alternate"):  # what no shape fixes stays the template's error
+        gemma.apply_chat_template([{"role": "user", "content": "Hi"}, {"role": "tool", "content": "3 C"},
+                                   {"role": "tool", "content": "18 C"}])  # results are never joined
+
+
 def test_a_model_whose_template_ends_the_message_between_calls_makes_one_call_per_reply(llamacpp_backend):
     """Between two calls Llama 3.1's template ends the message (its end-of-turn token): the token that would begin
     another call in the same message is the end of the reply, so no further call is read from it. Here with the
@@ -118,25 +152,22 @@ def test_a_model_whose_template_ends_the_message_between_calls_makes_one_call_pe
     assert Decider(llamacpp_backend, DecideProfile(), several).next_call == tok.encode("\n")
 
 
-@pytest.mark.parametrize("family", ["llama3.1", "mistral"])
+@pytest.mark.parametrize("family", ["llama3.1", "mistral", "gemma"])
 def test_a_frameworks_conversation_is_served_under_each_familys_template(tmp_path, family):
     """The conversation a framework sends back after two parallel calls, through `nexus serve` and the official
-    client, over a model whose template refuses its call ids or its two calls in one message: a reply, not an
-    error (a call or text: the weights are random)."""
+    client, over a model whose template refuses its call ids, its two calls in one message or its two results in a
+    row: a reply, not an error (a call or text: the weights are random)."""
     openai = pytest.importorskip("openai")
     from serve_helpers import API_KEY, running_serve
     from tiny_models import SPECS, write_tiny_gguf
 
-    from native.model_files import default_model_path
+    from native.model_files import default_model_path, gemma3_path
 
-    template = LLAMA31.replace("<|eot_id|>", "{{ eos_token }}") if family == "llama3.1" else MISTRAL
-    path = write_tiny_gguf(tmp_path / f"{family}.gguf", SPECS["llama3"], default_model_path(), chat_template=template)
-    raw = [{"role": "user", "content": "Weather in Oslo and in Rome?"},
-           {"role": "assistant", "content": None, "tool_calls": [_call(OSLO, "get_weather", '{"city": "Oslo"}'),
-                                                                 _call(ROME, "get_weather", '{"city": "Rome"}')]},
-           {"role": "tool", "tool_call_id": OSLO, "content": "3 C"},
-           {"role": "tool", "tool_call_id": ROME, "content": "18 C"},
-           {"role": "user", "content": "And in Paris?"}]
+    template = {"llama3.1": LLAMA31.replace("<|eot_id|>", "{{ eos_token }}"), "mistral": MISTRAL,
+                "gemma": GEMMA}[family]
+    spec, vocab = (SPECS["gemma3"], gemma3_path()) if family == "gemma" else (SPECS["llama3"], default_model_path())
+    path = write_tiny_gguf(tmp_path / f"{family}.gguf", spec, vocab, chat_template=template)
+    raw = SENT[:-1] + [{"role": "user", "content": "And in Paris?"}]
     home = tmp_path / "home"
     home.mkdir()
     with running_serve(home, "--model", path, "--n-ctx", "2048", "--no-idle-compile") as url:

@@ -13,14 +13,18 @@ User-defined tokens (GGUF type 4: e.g. Gemma's runs of spaces) are ordinary text
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import hashlib
 import json
 import os
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Sequence
 
 import jinja2
+import jinja2.ext
 import jinja2.sandbox
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -157,14 +161,9 @@ class Tokenizer:
         if not self.chat_template:
             raise ModelError("this model has no chat template; pass raw text to generate instead")
         messages = _template_call_ids(messages)
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_template_error
         held = extra.pop("_tools_held", None)  # id(tool) -> index: render those tools as placeholders
-        tojson = self._tojson_filter()
-        env.filters["tojson"] = (tojson if not held else
-                                 lambda v, **kw: _TOOL_PLACEHOLDER.format(held[id(v)]) if id(v) in held and not kw
-                                 else tojson(v, **kw))
-        template = env.from_string(self.chat_template)
+        template = _compiled(self.chat_template, self._specials())
+        token = _HELD.set(held)
 
         def render(msgs):
             return template.render(messages=msgs, add_generation_prompt=add_generation_prompt,
@@ -180,10 +179,11 @@ class Tokenizer:
                     except ModelError:
                         pass
             raise refused
+        finally:
+            _HELD.reset(token)
 
-    def _tojson_filter(self):
-        specials = tuple(t for t in (self.token_text(i) for i in self.special_ids) if len(t) > 1)
-        return lambda v, **kw: _tojson(v, specials=specials, **kw)
+    def _specials(self) -> tuple[str, ...]:
+        return tuple(t for t in (self.token_text(i) for i in self.special_ids) if len(t) > 1)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> list[int]:
@@ -235,7 +235,7 @@ class Tokenizer:
         return ids, (spans + [after] if epilogue and after else spans)
 
     def _tool_json(self, tool) -> str:
-        return self._tojson_filter()(tool)
+        return _tojson(tool, specials=self._specials())
 
 # Control tokens that end a turn in the chat templates of the supported families; generation stops on them as
 # on the GGUF's eos (llama.cpp's end-of-generation set does the same).
@@ -288,6 +288,39 @@ def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=F
         if s in text:
             text = text.replace(s, f"\\u{ord(s[0]):04x}{s[1:]}")
     return text
+
+
+_HELD: contextvars.ContextVar[dict | None] = contextvars.ContextVar("tools_held", default=None)
+
+
+class _Generation(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}`, Hugging Face's mark of the assistant's text (for training masks):
+    its body, rendered."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(source: str, specials: tuple[str, ...]) -> jinja2.Template:
+    """A chat template compiled once (sandboxed), with what templates call beside Jinja's own as Hugging Face's
+    renderer provides it: `raise_exception`, `strftime_now`, `tojson` (special-token text escaped, `_tojson`; a tool
+    held by the render in `_HELD` as its placeholder), `{% break %}`/`{% continue %}` and `{% generation %}`."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=[jinja2.ext.loopcontrols, _Generation])
+    env.globals["raise_exception"] = _raise_template_error
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+
+    def tojson(value, **kw):
+        held = _HELD.get()
+        if held and id(value) in held and not kw:
+            return _TOOL_PLACEHOLDER.format(held[id(value)])
+        return _tojson(value, specials=specials, **kw)
+    env.filters["tojson"] = tojson
+    return env.from_string(source)
 
 
 def _template_call_ids(messages: list[dict]) -> list[dict]:

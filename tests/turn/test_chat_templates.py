@@ -137,6 +137,19 @@ def test_turns_reach_a_template_that_takes_them_in_alternation_as_it_takes_them(
                                    {"role": "tool", "content": "18 C"}])  # results are never joined
 
 
+def test_what_templates_call_beside_jinja_is_there(tok):
+    """Hugging Face's renderer gives templates `{% break %}`, `{% generation %}` and `strftime_now`, and published
+    templates use them; without them such a template could not be compiled, and every request failed."""
+    from datetime import datetime
+
+    src = ("{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{% generation %}{{ m.content }}"
+           "{% endgeneration %}{% endfor %}|{{ strftime_now('%Y') }}")
+    years = {str(datetime.now().year)}
+    text = replace(tok, chat_template=src).apply_chat_template([{"role": "user", "content": "a"},
+                                                                {"role": "user", "content": "b"}])
+    assert text.split("|")[0] == "a" and text.split("|")[1] in years | {str(datetime.now().year)}
+
+
 def test_a_model_whose_template_ends_the_message_between_calls_makes_one_call_per_reply(llamacpp_backend):
     """Between two calls Llama 3.1's template ends the message (its end-of-turn token): the token that would begin
     another call in the same message is the end of the reply, so no further call is read from it. Here with the

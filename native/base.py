@@ -23,6 +23,10 @@ class ModelError(ValueError):
     """A model file or directory that cannot be used; the message names the path and what is wrong."""
 
 
+class TemplateRefusal(ModelError):
+    """The model's chat template refused a conversation (its `raise_exception`), in every shape Nexus could give it."""
+
+
 class BackendError(RuntimeError):
     """A backend operation that failed at run time (context full, bad KV range, closed session...)."""
 

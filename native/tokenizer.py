@@ -29,7 +29,7 @@ import jinja2.sandbox
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from native.base import ModelError
+from native.base import ModelError, TemplateRefusal
 
 # GGUF pre-tokenizer name (the names llama.cpp accepts) -> the splits applied before byte-level BPE (its table,
 # restated).
@@ -172,13 +172,14 @@ class Tokenizer:
             return render(messages)
         except ModelError as refused:  # the template's own refusal (`raise_exception`): the conversation as it
             # takes one, where that is one of the shapes templates ask for (only if it refused the conversation as is)
-            for shaped in (_one_call_per_message(messages), _alternating(messages)):
+            alternating = _alternating(messages)
+            for shaped in (_one_call_per_message(messages), alternating, _alternating(_no_system(alternating))):
                 if shaped != messages:
                     try:
                         return render(shaped)
                     except ModelError:
                         pass
-            raise refused
+            raise TemplateRefusal(f"{refused} (this model's chat template refuses the conversation)") from None
         finally:
             _HELD.reset(token)
 
@@ -363,6 +364,22 @@ def _alternating(messages: list[dict]) -> list[dict]:
     if len(out) > first and out[first]["role"] == "assistant":
         out.insert(first, {"role": "user", "content": ""})
     return out
+
+
+def _no_system(messages: list[dict]) -> list[dict]:
+    """`messages` with each system message's text at the head of the next user turn, a blank line apart (a user turn
+    of its own where none follows): for templates with no system role (Gemma 2's)."""
+    out: list[dict] = []
+    held: list[str] = []
+    for m in messages:
+        if m["role"] == "system":
+            held += [m["content"]] if m.get("content") else []
+            continue
+        if m["role"] == "user" and held:
+            m = dict(m, content="\n\n".join([*held, *([m["content"]] if m.get("content") else [])]))
+            held = []
+        out.append(m)
+    return out + ([{"role": "user", "content": "\n\n".join(held)}] if held else [])
 
 
 def _one_call_per_message(messages: list[dict]) -> list[dict]:

@@ -34,6 +34,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from native.base import TemplateRefusal
 from nexus_agent.openai_api import ApiError, ToolCache, bad, chunk, completion, new_id, now, parse_request
 from nexus_agent.serve_engine import Engine, EngineConfig
 
@@ -139,6 +140,8 @@ class Scheduler:
         except ApiError as e:
             self.failed += e.status >= 500
             job.emit(("error", e))
+        except TemplateRefusal as e:  # the request, not the server: this model cannot be given such a conversation
+            job.emit(("error", ApiError(400, str(e), "invalid_request_error", "messages")))
         except Exception as e:  # a bug or a backend failure: the client gets a 500, the server keeps serving
             log.exception("request failed")
             self.failed += 1

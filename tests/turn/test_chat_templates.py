@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from native.base import ModelError
+from native.base import ModelError, TemplateRefusal
 from native.tokenizer import load_tokenizer
 from nexus_agent.openai_api import render_messages, template_messages
 from nexus_agent.turn.call_format import probe_call_format
@@ -132,7 +132,15 @@ def test_turns_reach_a_template_that_takes_them_in_alternation_as_it_takes_them(
     ids, _ = gemma.encode_chat_tools(two_results)  # the server's path: contents as text, markup as markup
     assert gemma.decode(ids) == gemma.apply_chat_template(two_results, True)
     assert tok.apply_chat_template(two_results).count("<|im_start|>user") == 4  # SmolLM2's own takes them as sent
-    with pytest.raises(ModelError, match="must alternate"):  # what no shape fixes stays the template's error
+    gemma2 = replace(tok, chat_template=GEMMA.replace("{{ bos_token }}", "{{ bos_token }}{% for m in messages %}"
+                     "{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+                     "{% endfor %}"))  # Gemma 2's takes no system message at all: its text opens the next user turn
+    text = gemma2.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                                       {"role": "assistant", "content": "Hello!"},
+                                       {"role": "system", "content": "Be kind."}, {"role": "user", "content": "Bye"}])
+    assert text.endswith("<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!"
+                         "<end_of_turn>\n<start_of_turn>user\nBe kind.\n\nBye<end_of_turn>\n<start_of_turn>model\n")
+    with pytest.raises(TemplateRefusal, match="must alternate"):  # what no shape fixes stays the template's error
         gemma.apply_chat_template([{"role": "user", "content": "Hi"}, {"role": "tool", "content": "3 C"},
                                    {"role": "tool", "content": "18 C"}])  # results are never joined
 
@@ -190,3 +198,26 @@ def test_a_frameworks_conversation_is_served_under_each_familys_template(tmp_pat
         assert r.choices[0].message.tool_calls or r.choices[0].message.content is not None
         r = client.chat.completions.create(model=family, messages=raw, max_tokens=4)  # no tools offered
         assert r.choices[0].message.content is not None
+
+
+def test_a_conversation_the_template_refuses_in_every_shape_is_the_requests_error(tmp_path):
+    """HTTP 400 with the template's own words, not a server error (500): the same conversation would fail again."""
+    openai = pytest.importorskip("openai")
+    from serve_helpers import API_KEY, running_serve
+    from tiny_models import SPECS, write_tiny_gguf
+
+    from native.model_files import gemma3_path
+
+    refusing = GEMMA.replace("{% for m in rest %}", "{% for m in rest %}{% if m.content == 'Open the pod bay doors' %}"
+                             "{{ raise_exception('I cannot do that') }}{% endif %}")
+    path = write_tiny_gguf(tmp_path / "refusing.gguf", SPECS["gemma3"], gemma3_path(), chat_template=refusing)
+    home = tmp_path / "home"
+    home.mkdir()
+    with running_serve(home, "--model", path, "--n-ctx", "2048", "--no-idle-compile") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        with pytest.raises(openai.BadRequestError, match="I cannot do that") as e:
+            client.chat.completions.create(model="refusing", max_tokens=4,
+                                           messages=[{"role": "user", "content": "Open the pod bay doors"}])
+        assert e.value.status_code == 400 and e.value.body["param"] == "messages"
+        r = client.chat.completions.create(model="refusing", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        assert r.choices[0].finish_reason == "length"  # the server goes on serving

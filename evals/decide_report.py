@@ -50,7 +50,9 @@ def accuracy_figure(r: dict):
                 series.setdefault(model, {}).setdefault(v, []).append((s, m))
     names = sorted({v for per in series.values() for v in per}, key=lambda v: (v != "nexus", v != "router", v))
     colour = {v: f"C{i % 10}" for i, v in enumerate(names)}
-    fig, axes = plt.subplots(1, len(series), figsize=(3.4 * len(series) + 1.6, 3.8), sharey=True, squeeze=False)
+    legend_in = 1.7  # inches at the right kept for the legend ("overflowed every item" is its widest label)
+    width = 3.4 * len(series) + legend_in
+    fig, axes = plt.subplots(1, len(series), figsize=(width, 3.8), sharey=True, squeeze=False)
     for ax, (model, per) in zip(axes[0], sorted(series.items())):
         for v, pts in sorted(per.items(), key=lambda kv: names.index(kv[0])):
             ok = [(s, m["decision_acc"]) for s, m in pts if m.get("decision_acc") is not None and not _overflowed(m)]
@@ -69,7 +71,7 @@ def accuracy_figure(r: dict):
     handles.append(plt.Line2D([], [], color="k", marker="x", ls="none", label="overflowed every item"))
     fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
     fig.suptitle("Right tool when one is wanted, no call otherwise", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1 - 1.5 / (3.4 * len(series) + 1.6), 1))
+    fig.set_layout_engine("tight", rect=(0, 0, 1 - legend_in / width, 1))
     return fig
 
 

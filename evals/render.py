@@ -74,7 +74,8 @@ def save_figures(figures: Sequence[Figure], result: dict, folder: Path,
         if fig is None:
             continue
         name = first_name if i == 0 and first_name else figure.file
-        fig.tight_layout()
+        if fig.get_layout_engine() is None:  # a figure that set its own layout (room for a legend) keeps it
+            fig.tight_layout()
         fig.savefig(folder / name, dpi=120)
         pyplot().close(fig)
         written.append(name)

@@ -40,7 +40,9 @@ def convert(model: str | None, out_dir: str | os.PathLike) -> Path:
     tok = load_tokenizer(src.path)
     tok._special.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+        "chat_template": tok.chat_template if not tok.tool_template else [
+            {"name": "default", "template": tok.chat_template}, {"name": "tool_use", "template": tok.tool_template}],
+        "bos_token": tok.bos_token, "eos_token": tok.eos_token,
         "add_bos_token": tok.add_bos}, indent=2))
     return out
 

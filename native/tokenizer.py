@@ -140,6 +140,7 @@ class Tokenizer:
     eos_token: str
     digest: str  # hash of vocabulary + merges + specials: block files record it
     add_bos: bool = False  # the model asks for bos_id before a prompt (GGUF tokenizer.ggml.add_bos_token)
+    tool_template: str | None = None  # a template named "tool_use" beside the default: rendered when tools are given
 
     @property
     def vocab_size(self) -> int:
@@ -162,7 +163,8 @@ class Tokenizer:
             raise ModelError("this model has no chat template; pass raw text to generate instead")
         messages = _template_call_ids(messages)
         held = extra.pop("_tools_held", None)  # id(tool) -> index: render those tools as placeholders
-        template = _compiled(self.chat_template, self._specials())
+        source = self.tool_template if extra.get("tools") and self.tool_template else self.chat_template
+        template = _compiled(source, self._specials())
         token = _HELD.set(held)
 
         def render(msgs):
@@ -460,6 +462,7 @@ def tokenizer_from_gguf(meta: dict, path: str = "<gguf>") -> Tokenizer:
         special_ids=frozenset(vocab[t] for t in controls),
         bos_id=None if bos is None else int(bos),
         eos_ids=frozenset(eos), chat_template=meta.get("tokenizer.chat_template") or fallback_template(vocab),
+        tool_template=meta.get("tokenizer.chat_template.tool_use"),
         bos_token=tokens[int(bos)] if bos is not None else "", eos_token=eos_token,
         digest=digest, add_bos=add_bos and bos is not None,
     )
@@ -487,16 +490,42 @@ def tokenizer_from_dir(path: str) -> Tokenizer:
         return v.get("content", "") if isinstance(v, dict) else (v or "")
 
     bos_t, eos_t = tok_text(cfg.get("bos_token")), tok_text(cfg.get("eos_token"))
+    template, tool_template = _dir_templates(path, cfg)
     vocab = special.get_vocab(with_added_tokens=True)
     eos_ids = {vocab[eos_t]} if eos_t in vocab else set()
     eos_ids |= {i for i, t in specials.items() if t in END_OF_TURN}
     return Tokenizer(
         _plain=plain, _special=special, special_ids=frozenset(specials),
         bos_id=vocab.get(bos_t), eos_ids=frozenset(eos_ids),
-        chat_template=cfg.get("chat_template") or fallback_template(vocab),
+        chat_template=template or fallback_template(vocab), tool_template=tool_template,
         bos_token=bos_t, eos_token=eos_t, digest=_digest(special.to_str()),
         add_bos=bool(cfg.get("add_bos_token", False)) and vocab.get(bos_t) is not None,
     )
+
+
+def _dir_templates(path: str, cfg: dict) -> tuple[str | None, str | None]:
+    """(the default chat template, the one named "tool_use") of a model folder: tokenizer_config.json's
+    `chat_template`, else `chat_template.jinja` (where newer Hugging Face tokenizers save it), else
+    `chat_template.json`."""
+    if cfg.get("chat_template"):
+        return _named_templates(cfg["chat_template"])
+    jinja = os.path.join(path, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            return f.read(), None
+    js = os.path.join(path, "chat_template.json")
+    if os.path.isfile(js):
+        with open(js, encoding="utf-8") as f:
+            return _named_templates(json.load(f).get("chat_template"))
+    return None, None
+
+
+def _named_templates(value) -> tuple[str | None, str | None]:
+    """(default, tool_use) of a `chat_template` entry: one template, or Hugging Face's list of named ones."""
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        return named.get("default") or next(iter(named.values()), None), named.get("tool_use")
+    return value or None, None
 
 
 def load_tokenizer(model: str | None = None) -> Tokenizer:

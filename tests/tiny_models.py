@@ -71,9 +71,10 @@ def _copy_vocab(w: gguf.GGUFWriter, meta: dict) -> None:
         w.add_chat_template(str(meta["tokenizer.chat_template"]))
 
 
-def write_tiny_gguf(path, spec: TinySpec, vocab_path: str, seed: int = 0, chat_template: str | None = None) -> str:
+def write_tiny_gguf(path, spec: TinySpec, vocab_path: str, seed: int = 0, chat_template: str | None = None,
+                    strings: dict[str, str] | None = None) -> str:
     """Write a random-weight GGUF of `spec` with the vocabulary of the GGUF at `vocab_path` (and its chat template,
-    or `chat_template`); returns the path."""
+    or `chat_template`), and the metadata `strings`; returns the path."""
     meta = read_gguf_header(vocab_path).metadata
     if chat_template is not None:
         meta = dict(meta, **{"tokenizer.chat_template": chat_template})
@@ -98,6 +99,8 @@ def write_tiny_gguf(path, spec: TinySpec, vocab_path: str, seed: int = 0, chat_t
         w.add_attn_logit_softcapping(spec.softcaps[0])
         w.add_final_logit_softcapping(spec.softcaps[1])
     _copy_vocab(w, meta)
+    for key, value in (strings or {}).items():
+        w.add_string(key, value)
 
     def dense(*shape):
         return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)

@@ -50,7 +50,8 @@ def _probe_messages(arguments, n: int = 1) -> list[dict]:
 
 def probe_call_format(tokenizer) -> CallFormat:
     """The call format `tokenizer`'s chat template renders (NEXUS_FORMAT when it has no tools support)."""
-    if not tokenizer.chat_template or "tool" not in tokenizer.chat_template:
+    template = tokenizer.tool_template or tokenizer.chat_template  # the one rendered when tools are given
+    if not template or "tool" not in template:
         return NEXUS_FORMAT
     tool = {"type": "function", "function": {"name": _NAME, "description": "probe", "parameters": {
         "type": "object", "properties": {_KEY: {"type": "integer"}}}}}

@@ -221,3 +221,33 @@ def test_a_conversation_the_template_refuses_in_every_shape_is_the_requests_erro
         assert e.value.status_code == 400 and e.value.body["param"] == "messages"
         r = client.chat.completions.create(model="refusing", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
         assert r.choices[0].finish_reason == "length"  # the server goes on serving
+
+
+def test_a_template_saved_beside_the_tokenizer_or_named_for_tools_is_found(tmp_path, tok):
+    """Newer Hugging Face tokenizers save the template as chat_template.jinja, not in tokenizer_config.json; some
+    models carry templates by name (a "tool_use" one beside the default, as a list in tokenizer_config.json or as
+    `tokenizer.chat_template.tool_use` in a GGUF): rendered with tools, the tool_use one, as Hugging Face does."""
+    import json
+
+    from tiny_models import SPECS, write_tiny_gguf
+
+    from native.model_files import default_model_path
+    from native.tokenizer import tokenizer_from_dir
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    tok._special.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}))
+    (folder / "chat_template.jinja").write_text(LLAMA31)
+    assert tokenizer_from_dir(str(folder)).chat_template == LLAMA31
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
+        "chat_template": [{"name": "default", "template": GEMMA}, {"name": "tool_use", "template": MISTRAL}]}))
+    gguf = load_tokenizer(write_tiny_gguf(tmp_path / "named.gguf", SPECS["llama3"], default_model_path(),
+                                          chat_template=GEMMA, strings={"tokenizer.chat_template.tool_use": MISTRAL}))
+    for named in (tokenizer_from_dir(str(folder)), gguf):
+        assert (named.chat_template, named.tool_template) == (GEMMA, MISTRAL)
+        hi = [{"role": "user", "content": "Hi"}]
+        assert "<start_of_turn>user" in named.apply_chat_template(hi)
+        assert named.apply_chat_template(hi, tools=TOOLS).endswith("[/AVAILABLE_TOOLS][INST] Hi[/INST]")
+        assert probe_call_format(named).opener == '[TOOL_CALLS] [{"name": "'

@@ -163,6 +163,9 @@ class Tokenizer:
             raise ModelError("this model has no chat template; pass raw text to generate instead")
         messages = _template_call_ids(messages)
         held = extra.pop("_tools_held", None)  # id(tool) -> index: render those tools as placeholders
+        # a reasoning model answers (or calls) at once: its decision is read from the reply's first token, and a
+        # template that can open the reply with thinking (Qwen3's) closes it empty when asked so
+        extra.setdefault("enable_thinking", False)
         source = self.tool_template if extra.get("tools") and self.tool_template else self.chat_template
         template = _compiled(source, self._specials())
         token = _HELD.set(held)

@@ -158,6 +158,19 @@ def test_what_templates_call_beside_jinja_is_there(tok):
     assert text.split("|")[0] == "a" and text.split("|")[1] in years | {str(datetime.now().year)}
 
 
+def test_a_reasoning_template_opens_the_reply_with_its_thinking_closed(tok):
+    """Qwen3's template opens the reply with an empty think block when `enable_thinking` is false; the decision is
+    read from the reply's first token, so Nexus renders it so (a thinking model's first token is always `<think>`:
+    it would never be read as a call)."""
+    qwen3 = replace(tok, chat_template=(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking "
+        "is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"))
+    hi = [{"role": "user", "content": "Hi"}]
+    assert qwen3.apply_chat_template(hi).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert qwen3.apply_chat_template(hi, enable_thinking=True).endswith("<|im_start|>assistant\n")
+
+
 def test_a_model_whose_template_ends_the_message_between_calls_makes_one_call_per_reply(llamacpp_backend):
     """Between two calls Llama 3.1's template ends the message (its end-of-turn token): the token that would begin
     another call in the same message is the end of the reply, so no further call is read from it. Here with the

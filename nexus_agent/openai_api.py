@@ -82,8 +82,10 @@ class ToolCache:
             return self.items[key]
         self.misses += 1
         params = fn.get("parameters")
-        if params is None:
+        if params is None or params == {}:  # omitted (OpenAI: an empty parameter list) or the empty schema
             params = {"type": "object", "properties": {}}
+        elif isinstance(params, dict) and "type" not in params and ("properties" in params or "required" in params):
+            params = {"type": "object", **params}  # an object schema that leaves its type implied
         try:
             out = Tool.from_mcp({"name": fn["name"], "description": fn.get("description") or "", "inputSchema": params})
         except ToolValidationError as e:

@@ -109,6 +109,26 @@ def test_tool_choice_none_named_and_required(client):
     assert forced.choices[0].finish_reason == "tool_calls" and forced.choices[0].message.tool_calls
 
 
+def test_an_empty_schema_and_one_that_leaves_object_implied_are_tools_of_an_object(client, serve_url):
+    """OpenAI's `parameters` may be omitted (an empty parameter list); frameworks also send `{}` and a schema with
+    properties but no `"type": "object"`: each is a tool over an object, called with schema-valid arguments; a
+    root that is not an object stays a 400 naming it."""
+    bare = {"type": "function", "function": {"name": "ping", "description": "Ping the service", "parameters": {}}}
+    implied = {"type": "function", "function": {"name": "echo", "description": "Echo a text", "parameters": {
+        "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+    for tool, want in ((bare, {"type": "object", "properties": {}}),
+                       (implied, {"type": "object", **implied["function"]["parameters"]})):
+        r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Echo 'hi' back"}],
+                                           tools=[bare, implied], tool_choice={"type": "function", "function": {
+                                               "name": tool["function"]["name"]}}, max_tokens=32)
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name == tool["function"]["name"]
+        jsonschema.validate(json.loads(call.function.arguments), want)
+    array = {"type": "function", "function": {"name": "list", "parameters": {"type": "array"}}}
+    e = _error(post(serve_url, {"model": "smollm2", "messages": ASK, "tools": [array]}), 400, "invalid_tool_schema")
+    assert "$.tools[0].function.parameters.type" in e["message"]
+
+
 def test_response_format_json_schema_gives_schema_valid_json(client):
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
                                                "country": {"type": "string", "maxLength": 40}},

@@ -22,6 +22,23 @@ from native.base import Backend, Session
 LogitsProcessor = Callable[[list[int], np.ndarray], np.ndarray]
 
 
+def penalties(presence: float = 0.0, frequency: float = 0.0, bias: dict[int, float] | None = None) -> LogitsProcessor:
+    """OpenAI's sampling adjustments as a logits processor: `bias` added to its tokens' logits (`logit_bias`); each
+    token this reply has generated lowered by `presence` once and by `frequency` per time it was generated."""
+    ids = np.fromiter((bias or {}).keys(), dtype=np.int64)
+    values = np.fromiter((bias or {}).values(), dtype=np.float32)
+
+    def apply(tokens: list[int], logits: np.ndarray) -> np.ndarray:
+        logits = logits.copy()
+        if len(ids):
+            logits[ids] += values
+        if tokens and (presence or frequency):
+            seen, counts = np.unique(np.asarray(tokens, dtype=np.int64), return_counts=True)
+            logits[seen] -= presence + frequency * counts
+        return logits
+    return apply
+
+
 @dataclass
 class SamplerConfig:
     """temperature 0 = greedy; top_p in (0, 1] keeps the smallest set of tokens with that much probability."""

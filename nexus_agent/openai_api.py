@@ -56,6 +56,9 @@ class ChatRequest:
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     stream: bool = False
     include_usage: bool = False
 
@@ -154,6 +157,20 @@ def _messages(raw: Any) -> list[dict]:
     return out
 
 
+def _logit_bias(raw: Any) -> dict[int, float]:
+    """OpenAI's `logit_bias`: {"token id": bias in [-100, 100]} (the ids are the model's own)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise bad('logit_bias must be an object {"token id": bias}', "logit_bias")
+    out = {}
+    for k, v in raw.items():
+        if not (isinstance(k, str) and k.isdigit()):
+            raise bad(f"logit_bias keys must be token ids, got {json.dumps(k)}", "logit_bias")
+        out[int(k)] = _number({"logit_bias": v}, "logit_bias", 0.0, -100.0, 100.0)
+    return out
+
+
 def _response_format(rf: Any) -> dict | None:
     if rf is None:
         return None
@@ -226,6 +243,9 @@ def parse_request(body: Any, model_ids: set[str], cache: ToolCache) -> ChatReque
     req.seed = _number(body, "seed", None, -(1 << 63), (1 << 64) - 1, int)
     if req.seed is not None:
         req.seed %= 1 << 63
+    req.presence_penalty = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
+    req.frequency_penalty = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
+    req.logit_bias = _logit_bias(body.get("logit_bias"))
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else (stop or [])
     if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(isinstance(s, str) and s for s in stop):

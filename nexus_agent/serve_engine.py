@@ -329,7 +329,7 @@ class Engine:
     def _answer(self, req: ChatRequest, emit, cancelled, prompt=None, first=()) -> None:
         """Stream the text answer; `prompt`: (ids, logits after them, the live context holding them) when the
         decision already prefilled it; `first`: logits processors before the response format's."""
-        from native.generate import SamplerConfig, stream_generate
+        from native.generate import SamplerConfig, penalties, stream_generate
         from nexus_agent.arguments.constrained import GrammarMask, LoopGuard, schema_grammar
 
         ids = prompt[0] if prompt else self.tok.encode_chat(render_messages(req.messages))
@@ -340,6 +340,11 @@ class Engine:
                                 f"{len(ids)} and max_tokens asks for {max_new} more", "invalid_request_error",
                            "messages", "context_length_exceeded")
         procs = list(first)
+        if req.presence_penalty or req.frequency_penalty or req.logit_bias:
+            if (far := [i for i in req.logit_bias if i >= self.tok.vocab_size]):
+                raise ApiError(400, f"logit_bias: token id {far[0]} is not in this model's vocabulary (ids 0 to "
+                                    f"{self.tok.vocab_size - 1})", "invalid_request_error", "logit_bias")
+            procs.insert(0, penalties(req.presence_penalty, req.frequency_penalty, req.logit_bias))
         if req.json_schema is not None:
             grammar = GrammarMask(self.tok, schema_grammar(req.json_schema))
             if grammar.error:

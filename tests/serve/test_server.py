@@ -8,8 +8,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 
 import jsonschema
+import numpy as np
 import pytest
 from serve_helpers import ADD, MULTIPLY, catalogue_tools, function, post, stats, stream_events
 
@@ -127,6 +129,39 @@ def test_an_empty_schema_and_one_that_leaves_object_implied_are_tools_of_an_obje
     array = {"type": "function", "function": {"name": "list", "parameters": {"type": "array"}}}
     e = _error(post(serve_url, {"model": "smollm2", "messages": ASK, "tools": [array]}), 400, "invalid_tool_schema")
     assert "$.tools[0].function.parameters.type" in e["message"]
+
+
+def test_logit_bias_and_the_penalties_steer_the_answer(client, serve_url):
+    """OpenAI's `logit_bias` (token ids of the model's own vocabulary) and presence / frequency penalties over the
+    reply's own tokens; a bias on an id outside the vocabulary is a 400 naming it."""
+    from native.generate import penalties
+
+    logits = penalties(presence=1.0, frequency=0.5, bias={7: 3.0})([3, 3, 5], np.zeros(8, np.float32))
+    assert logits.tolist() == [0, 0, 0, -2.0, 0, -1.5, 0, 3.0]  # once per token seen, then per time seen
+    from native.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    (banana,) = tok.encode(" banana")
+    ask = [{"role": "user", "content": "Name a fruit."}]
+
+    def answer(**kw):
+        return client.chat.completions.create(model="smollm2", messages=ask, max_tokens=12, **kw).choices[0]
+
+    forced = answer(logit_bias={str(banana): 100})
+    assert forced.message.content.split() == ["banana"] * 12  # every token the biased one
+    plain = answer()
+    first = tok.encode(plain.message.content)[0]
+    assert tok.encode(answer(logit_bias={str(first): -100}).message.content)[0] != first
+    repeat = [{"role": "user", "content": "Write the word cat ten times, separated by spaces."}]
+
+    def most_repeated(**kw):
+        text = client.chat.completions.create(model="smollm2", messages=repeat, max_tokens=24, **kw)
+        return max(Counter(tok.encode(text.choices[0].message.content)).values())
+    assert most_repeated(frequency_penalty=2.0) < most_repeated()  # measured: 2 vs 4
+    e = _error(post(serve_url, {"model": "smollm2", "messages": ask, "logit_bias": {"99999999": 5}}), 400,
+               param="logit_bias")
+    assert "99999999" in e["message"]
+    _error(post(serve_url, {"model": "smollm2", "messages": ask, "logit_bias": {"cat": 5}}), 400, param="logit_bias")
 
 
 def test_response_format_json_schema_gives_schema_valid_json(client):

@@ -167,7 +167,10 @@ class Tokenizer:
         # template that can open the reply with thinking (Qwen3's) closes it empty when asked so
         extra.setdefault("enable_thinking", False)
         source = self.tool_template if extra.get("tools") and self.tool_template else self.chat_template
-        template = _compiled(source, self._specials())
+        try:
+            template = _compiled(source, self._specials())
+        except jinja2.TemplateError as e:  # the model's file, not the request: named when the model loads
+            raise ModelError(f"this model's chat template does not compile: {e}") from None
         token = _HELD.set(held)
 
         def render(msgs):

@@ -82,9 +82,38 @@ def check_model(backend_name: str, model: str | None = None) -> list[Check]:
         out.append(("llguidance", r.complete, f"constrained sample {r.text!r}"))
     except Exception as e:
         out.append(("llguidance", False, f"{e} (pip install llguidance)"))
+    out.append(check_template(backend))
     out.append(check_decide(backend))
     out.append(check_reanchor(backend))
     return out
+
+
+def check_template(backend) -> Check:
+    """Whether the model's chat template renders what agents send (a system message, tools, a call and its result,
+    a follow-up), as `nexus serve` renders it, and how the model writes a call."""
+    from native.base import ModelError
+    from nexus_agent.openai_api import render_messages, template_messages
+    from nexus_agent.turn.call_format import probe_call_format
+
+    tok = backend.tokenizer
+    if not tok.chat_template:
+        return "chat template", True, "none: nexus generate takes raw text; chat requests need a template"
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Oslo?"},
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "3 C"},
+                    {"role": "user", "content": "And in Rome?"}]
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    try:
+        fmt = probe_call_format(tok)
+        shaped = template_messages(conversation) if fmt.template_tools else render_messages(conversation)
+        tok.encode_chat(shaped, tools=[tool] if fmt.template_tools else None)
+    except (ModelError, TypeError, ValueError) as e:
+        return "chat template", False, str(e)
+    how = (f"its tools section; a call is written {fmt.call_text('NAME', {'ARG': 1})!r}" if fmt.template_tools
+           else "no tools section: candidates as compressed signatures, calls in Nexus's format")
+    return "chat template", True, f"renders a conversation with a call and its result; {how}"
 
 
 def check_reanchor(backend) -> Check:

@@ -264,3 +264,23 @@ def test_a_template_saved_beside_the_tokenizer_or_named_for_tools_is_found(tmp_p
         assert "<start_of_turn>user" in named.apply_chat_template(hi)
         assert named.apply_chat_template(hi, tools=TOOLS).endswith("[/AVAILABLE_TOOLS][INST] Hi[/INST]")
         assert probe_call_format(named).opener == '[TOOL_CALLS] [{"name": "'
+
+
+@pytest.mark.parametrize("family", ["broken", "gemma", "mistral"])
+def test_doctor_says_whether_the_template_renders_an_agents_conversation(tmp_path, family):
+    """`nexus doctor --model M` renders a conversation with a call and its result as `nexus serve` would and names
+    how the model writes a call; a template that does not compile is named there (every request would fail)."""
+    from tiny_models import SPECS, write_tiny_gguf
+
+    from native.model_files import default_model_path
+    from nexus_agent.doctor import check_model
+
+    template = {"broken": "{% for m in messages %}{{ m.content }", "gemma": GEMMA, "mistral": MISTRAL}[family]
+    path = write_tiny_gguf(tmp_path / f"{family}.gguf", SPECS["llama3"], default_model_path(), chat_template=template)
+    checks = {name: (ok, detail) for name, ok, detail in check_model("llamacpp", path)}
+    ok, detail = checks["chat template"]
+    if family == "broken":
+        assert not ok and "does not compile" in detail
+    else:
+        assert ok and "renders a conversation with a call and its result" in detail
+        assert ("[TOOL_CALLS]" in detail) == (family == "mistral")

@@ -3,8 +3,8 @@
 A GGUF carries its vocabulary (`tokenizer.ggml.tokens`, `.token_type`, and `.merges` for byte-level BPE or
 `.scores` for SentencePiece), its pre-tokenizer name (`tokenizer.ggml.pre`) and its Jinja chat template; we rebuild
 the tokenizer with the `tokenizers` library from these, giving llama.cpp's ids, and render the template with
-jinja2, so MLX and llama.cpp sessions see the same ids. An MLX/HF directory brings tokenizer.json and
-tokenizer_config.json instead.
+jinja2 (`native.chat_template`), so MLX and llama.cpp sessions see the same ids. An MLX/HF directory brings
+tokenizer.json and tokenizer_config.json instead.
 
 Text is encoded with `special=False` by default: "<|im_start|>" inside a tool description or a user message
 stays plain text and cannot open a new chat turn. Only the chat template's own markup parses control tokens.
@@ -13,23 +13,18 @@ User-defined tokens (GGUF type 4: e.g. Gemma's runs of spaces) are ordinary text
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Sequence
 
-import jinja2
-import jinja2.ext
-import jinja2.sandbox
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from native.base import ModelError, TemplateRefusal
+from native.base import ModelError
+from native.chat_template import CONTENT_PLACEHOLDER, PIECE_RE, dir_templates, fallback_template, render, tojson
 
 # GGUF pre-tokenizer name (the names llama.cpp accepts) -> the splits applied before byte-level BPE (its table,
 # restated).
@@ -157,41 +152,22 @@ class Tokenizer:
         return self._special.id_to_token(int(token_id)) or ""
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
-        """Render chat `messages` ([{"role", "content"}]) with the model's Jinja template (sandboxed). `extra`
-        reaches the template as variables (`tools=[{"type": "function", "function": {...}}]`)."""
+        """Render chat `messages` ([{"role", "content"}]) with the model's Jinja template (`chat_template.render`;
+        the one named "tool_use" when tools are given and the model has one). `extra` reaches the template as
+        variables (`tools=[{"type": "function", "function": {...}}]`)."""
         if not self.chat_template:
             raise ModelError("this model has no chat template; pass raw text to generate instead")
-        messages = _template_call_ids(messages)
         held = extra.pop("_tools_held", None)  # id(tool) -> index: render those tools as placeholders
         # a reasoning model answers (or calls) at once: its decision is read from the reply's first token, and a
         # template that can open the reply with thinking (Qwen3's) closes it empty when asked so
         extra.setdefault("enable_thinking", False)
         source = self.tool_template if extra.get("tools") and self.tool_template else self.chat_template
-        try:
-            template = _compiled(source, self._specials())
-        except jinja2.TemplateError as e:  # the model's file, not the request: named when the model loads
-            raise ModelError(f"this model's chat template does not compile: {e}") from None
-        token = _HELD.set(held)
+        return render(source, messages, self._specials, held, add_generation_prompt=add_generation_prompt,
+                      bos_token=self.bos_token, eos_token=self.eos_token, **extra)
 
-        def render(msgs):
-            return template.render(messages=msgs, add_generation_prompt=add_generation_prompt,
-                                   bos_token=self.bos_token, eos_token=self.eos_token, **extra)
-        try:
-            return render(messages)
-        except ModelError as refused:  # the template's own refusal (`raise_exception`): the conversation as it
-            # takes one, where that is one of the shapes templates ask for (only if it refused the conversation as is)
-            alternating = _alternating(messages)
-            for shaped in (_one_call_per_message(messages), alternating, _alternating(_no_system(alternating))):
-                if shaped != messages:
-                    try:
-                        return render(shaped)
-                    except ModelError:
-                        pass
-            raise TemplateRefusal(f"{refused} (this model's chat template refuses the conversation)") from None
-        finally:
-            _HELD.reset(token)
-
+    @functools.cached_property
     def _specials(self) -> tuple[str, ...]:
+        """The special tokens' texts (longer than one character): escaped where `tojson` writes them."""
         return tuple(t for t in (self.token_text(i) for i in self.special_ids) if len(t) > 1)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
@@ -214,13 +190,14 @@ class Tokenizer:
         user turn's opener, the same tokens under every tool list).
 
         Each tool's JSON is tokenized on its own, like a message content (its special-token text is escaped by
-        `_tojson`, so a tool description cannot open a turn): the same tool gives the same tokens wherever it
-        stands, which is what lets a cached block of it be spliced (`nexus_agent.turn.decide`).
+        `chat_template.tojson`, so a tool description cannot open a turn): the same tool gives the same tokens
+        wherever it stands, which is what lets a cached block of it be spliced (`nexus_agent.turn.decide`).
         """
         extra = {"tools": tools} if tools else {}
-        marked = [dict(m, content=_PLACEHOLDER.format(i)) if m.get("content") else m for i, m in enumerate(messages)]
+        marked = [dict(m, content=CONTENT_PLACEHOLDER.format(i)) if m.get("content") else m
+                  for i, m in enumerate(messages)]
         held = {id(t): i for i, t in enumerate(tools or [])}
-        pieces = _PIECE_RE.split(self.apply_chat_template(marked, add_generation_prompt, _tools_held=held, **extra))
+        pieces = PIECE_RE.split(self.apply_chat_template(marked, add_generation_prompt, _tools_held=held, **extra))
         texts = [messages[int(p[1:])]["content"] if p[0] == "m" else self._tool_json(tools[int(p[1:])])
                  for p in pieces[1::2]]
         rendered = self.apply_chat_template(messages, add_generation_prompt, **extra)
@@ -244,167 +221,12 @@ class Tokenizer:
         return ids, (spans + [after] if epilogue and after else spans)
 
     def _tool_json(self, tool) -> str:
-        return _tojson(tool, specials=self._specials())
+        return tojson(tool, specials=self._specials)
 
 # Control tokens that end a turn in the chat templates of the supported families; generation stops on them as
 # on the GGUF's eos (llama.cpp's end-of-generation set does the same).
 END_OF_TURN = frozenset({"<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|endoftext|>",
                          "<|end_of_text|>"})
-# A model that carries no chat template (a base model such as the packaged Gemma 3 270M) gets the turn format
-# its vocabulary's control tokens name, as llama.cpp's server falls back to one; a system message is a turn of
-# its own, so every message renders independently (splicing needs it).
-FALLBACK_TEMPLATES = {
-    "<start_of_turn>": ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] | replace('assistant', "
-                        "'model') }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
-                        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"),
-    "<|im_start|>": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
-}
-
-
-def fallback_template(vocab) -> str | None:
-    """The turn format named by the first marker in `vocab` (token texts), or None."""
-    return next((t for marker, t in FALLBACK_TEMPLATES.items() if marker in vocab), None)
-
-
-_PLACEHOLDER = "\ue000m{}\ue001"  # private-use code points: never in a chat template's own markup
-_TOOL_PLACEHOLDER = "\ue000t{}\ue001"
-_PIECE_RE = re.compile("\ue000([mt][0-9]+)\ue001")
-
-
-class JsonText(dict):
-    """A JSON object that `tojson` renders as the text it was parsed from (`text`): an assistant's tool-call
-    arguments in a conversation, shown to the model the way they were written (by itself, mostly), not
-    re-serialized, so the tokens a server's context holds for its own call match the next request's."""
-
-    def __init__(self, value: dict, text: str):
-        super().__init__(value)
-        self.text = text
-
-
-def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=False, specials=()) -> str:
-    """The `tojson` chat templates are written for (Hugging Face's): keys in their given order, no HTML escaping,
-    non-ASCII kept (jinja2's own sorts keys and escapes `<`: not the text the models were trained on); a
-    `JsonText` as its own text. A special token's text inside a JSON string gets its first character
-    \\u-escaped, so that a tool's description can never be read as a control token (`<tool_call>`,
-    `<|im_start|>`)."""
-    if isinstance(value, JsonText) and indent is None and separators is None and not sort_keys:
-        text = value.text
-    else:
-        text = json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys,
-                          ensure_ascii=ensure_ascii)
-    for s in specials:
-        if s in text:
-            text = text.replace(s, f"\\u{ord(s[0]):04x}{s[1:]}")
-    return text
-
-
-_HELD: contextvars.ContextVar[dict | None] = contextvars.ContextVar("tools_held", default=None)
-
-
-class _Generation(jinja2.ext.Extension):
-    """`{% generation %}...{% endgeneration %}`, Hugging Face's mark of the assistant's text (for training masks):
-    its body, rendered."""
-
-    tags = {"generation"}
-
-    def parse(self, parser):
-        next(parser.stream)
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-
-@functools.lru_cache(maxsize=16)
-def _compiled(source: str, specials: tuple[str, ...]) -> jinja2.Template:
-    """A chat template compiled once (sandboxed), with what templates call beside Jinja's own as Hugging Face's
-    renderer provides it: `raise_exception`, `strftime_now`, `tojson` (special-token text escaped, `_tojson`; a tool
-    held by the render in `_HELD` as its placeholder), `{% break %}`/`{% continue %}` and `{% generation %}`."""
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                       extensions=[jinja2.ext.loopcontrols, _Generation])
-    env.globals["raise_exception"] = _raise_template_error
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-
-    def tojson(value, **kw):
-        held = _HELD.get()
-        if held and id(value) in held and not kw:
-            return _TOOL_PLACEHOLDER.format(held[id(value)])
-        return _tojson(value, specials=specials, **kw)
-    env.filters["tojson"] = tojson
-    return env.from_string(source)
-
-
-def _template_call_ids(messages: list[dict]) -> list[dict]:
-    """`messages` with every tool call id, and the `tool_call_id` of every tool result, as nine letters or digits:
-    an id that is not already is replaced by the first nine hex digits of its SHA-256, the same for the call and
-    its result. Mistral's templates refuse any other id; no template gives an id a meaning beyond pairing a call
-    with its result, and the same conversation renders the same text on every request (its prefix stays cached)."""
-    def short(i):
-        return i if not isinstance(i, str) or _TEMPLATE_ID.fullmatch(i) else hashlib.sha256(i.encode()).hexdigest()[:9]
-
-    out = []
-    for m in messages:
-        if m.get("tool_calls"):
-            m = dict(m, tool_calls=[dict(c, id=short(c["id"])) if "id" in c else c for c in m["tool_calls"]])
-        if "tool_call_id" in m:
-            m = dict(m, tool_call_id=short(m["tool_call_id"]))
-        out.append(m)
-    return out
-
-
-_TEMPLATE_ID = re.compile(r"[A-Za-z0-9]{9}")
-
-
-def _alternating(messages: list[dict]) -> list[dict]:
-    """`messages` as templates that take user and assistant turns in alternation take them (Gemma's, Mistral's
-    first ones): a system message only first (a later one is a user turn), consecutive turns of one role one turn
-    (their texts a blank line apart, their calls in order: two tool results rendered as user turns, a developer and
-    a system message), and a user turn before a first assistant turn (an empty one)."""
-    out: list[dict] = []
-    for m in messages:
-        if m["role"] == "system" and out and out[-1]["role"] != "system":
-            m = dict(m, role="user")
-        if out and out[-1]["role"] == m["role"] and m["role"] in ("system", "user", "assistant"):
-            prev = out.pop()
-            m = dict(prev, content="\n\n".join(t for t in (prev.get("content"), m.get("content")) if t),
-                     **({"tool_calls": [*prev.get("tool_calls", ()), *m.get("tool_calls", ())]}
-                        if prev.get("tool_calls") or m.get("tool_calls") else {}))
-        out.append(m)
-    first = 1 if out and out[0]["role"] == "system" else 0
-    if len(out) > first and out[first]["role"] == "assistant":
-        out.insert(first, {"role": "user", "content": ""})
-    return out
-
-
-def _no_system(messages: list[dict]) -> list[dict]:
-    """`messages` with each system message's text at the head of the next user turn, a blank line apart (a user turn
-    of its own where none follows): for templates with no system role (Gemma 2's)."""
-    out: list[dict] = []
-    held: list[str] = []
-    for m in messages:
-        if m["role"] == "system":
-            held += [m["content"]] if m.get("content") else []
-            continue
-        if m["role"] == "user" and held:
-            m = dict(m, content="\n\n".join([*held, *([m["content"]] if m.get("content") else [])]))
-            held = []
-        out.append(m)
-    return out + ([{"role": "user", "content": "\n\n".join(held)}] if held else [])
-
-
-def _one_call_per_message(messages: list[dict]) -> list[dict]:
-    """`messages` with an assistant message of several tool calls as consecutive messages of one call each (its
-    text on the first)."""
-    out = []
-    for m in messages:
-        calls = m.get("tool_calls") or []
-        out += [m] if len(calls) < 2 else [dict(m, tool_calls=[c], content=m.get("content") if k == 0 else "")
-                                           for k, c in enumerate(calls)]
-    return out
-
-
-def _raise_template_error(message: str):
-    raise ModelError(f"chat template error: {message}")
-
-
 def _digest(*parts) -> str:
     h = hashlib.blake2b(digest_size=12)
     for p in parts:
@@ -496,7 +318,7 @@ def tokenizer_from_dir(path: str) -> Tokenizer:
         return v.get("content", "") if isinstance(v, dict) else (v or "")
 
     bos_t, eos_t = tok_text(cfg.get("bos_token")), tok_text(cfg.get("eos_token"))
-    template, tool_template = _dir_templates(path, cfg)
+    template, tool_template = dir_templates(path, cfg)
     vocab = special.get_vocab(with_added_tokens=True)
     eos_ids = {vocab[eos_t]} if eos_t in vocab else set()
     eos_ids |= {i for i, t in specials.items() if t in END_OF_TURN}
@@ -507,31 +329,6 @@ def tokenizer_from_dir(path: str) -> Tokenizer:
         bos_token=bos_t, eos_token=eos_t, digest=_digest(special.to_str()),
         add_bos=bool(cfg.get("add_bos_token", False)) and vocab.get(bos_t) is not None,
     )
-
-
-def _dir_templates(path: str, cfg: dict) -> tuple[str | None, str | None]:
-    """(the default chat template, the one named "tool_use") of a model folder: tokenizer_config.json's
-    `chat_template`, else `chat_template.jinja` (where newer Hugging Face tokenizers save it), else
-    `chat_template.json`."""
-    if cfg.get("chat_template"):
-        return _named_templates(cfg["chat_template"])
-    jinja = os.path.join(path, "chat_template.jinja")
-    if os.path.isfile(jinja):
-        with open(jinja, encoding="utf-8") as f:
-            return f.read(), None
-    js = os.path.join(path, "chat_template.json")
-    if os.path.isfile(js):
-        with open(js, encoding="utf-8") as f:
-            return _named_templates(json.load(f).get("chat_template"))
-    return None, None
-
-
-def _named_templates(value) -> tuple[str | None, str | None]:
-    """(default, tool_use) of a `chat_template` entry: one template, or Hugging Face's list of named ones."""
-    if isinstance(value, list):
-        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
-        return named.get("default") or next(iter(named.values()), None), named.get("tool_use")
-    return value or None, None
 
 
 def load_tokenizer(model: str | None = None) -> Tokenizer:

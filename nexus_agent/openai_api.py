@@ -291,7 +291,7 @@ def template_messages(messages: list[dict]) -> list[dict]:
     """The messages as chat templates with a tools section take them (Hugging Face's convention): developer ->
     system, an assistant's tool calls with their arguments as objects (rendered as the text they were sent as),
     tool results as role "tool"."""
-    from native.tokenizer import JsonText
+    from native.chat_template import JsonText
 
     out = []
     for m in messages:

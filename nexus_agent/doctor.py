@@ -92,8 +92,8 @@ def check_template(backend) -> Check:
     """Whether the model's chat template renders what agents send (a system message, tools, a call and its result,
     a follow-up), as `nexus serve` renders it, and how the model writes a call."""
     from native.base import ModelError
-    from nexus_agent.openai_api import render_messages, template_messages
     from nexus_agent.turn.call_format import probe_call_format
+    from nexus_agent.turn.engine import as_template_takes
 
     tok = backend.tokenizer
     if not tok.chat_template:
@@ -107,8 +107,7 @@ def check_template(backend) -> Check:
         "type": "object", "properties": {"city": {"type": "string"}}}}}
     try:
         fmt = probe_call_format(tok)
-        shaped = template_messages(conversation) if fmt.template_tools else render_messages(conversation)
-        tok.encode_chat(shaped, tools=[tool] if fmt.template_tools else None)
+        tok.encode_chat(as_template_takes(fmt, conversation), tools=[tool] if fmt.template_tools else None)
     except (ModelError, TypeError, ValueError) as e:
         return "chat template", False, str(e)
     how = (f"its tools section; a call is written {fmt.call_text('NAME', {'ARG': 1})!r}" if fmt.template_tools

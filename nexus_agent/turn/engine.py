@@ -79,12 +79,17 @@ def readings(messages: list[dict]) -> list[list[dict]]:
 
 
 def decision_prompt(decider: Decider, messages: list[dict], cands: list[Candidate]) -> tuple[list[int], list]:
-    """The prompt the decision is read on (`Decider.prompt`: its ids and the candidates' spans): the conversation
-    as the model's template takes it (a tools section's convention, else plain turns)."""
+    """The prompt the decision is read on (`Decider.prompt`: its ids and the candidates' spans), over the
+    conversation as the model's template takes it (`as_template_takes`)."""
+    return decider.prompt(as_template_takes(decider.fmt, messages), cands)
+
+
+def as_template_takes(fmt, messages: list[dict]) -> list[dict]:
+    """The conversation as a template with call format `fmt` takes it: a tools section's convention (calls and
+    results as such), else plain turns (`render_messages`)."""
     from nexus_agent.openai_api import render_messages, template_messages
 
-    msgs = template_messages(messages) if decider.fmt.template_tools else render_messages(messages)
-    return decider.prompt(msgs, cands)
+    return template_messages(messages) if fmt.template_tools else render_messages(messages)
 
 
 def respelled(held: list[int], ids: list[int], tb, start: int = 0, window: int = 64) -> list[int]:

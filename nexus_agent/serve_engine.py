@@ -182,6 +182,9 @@ class Engine:
 
     # -- one request ------------------------------------------------------------------------------------------
     def run(self, req: ChatRequest, emit: Callable[[tuple], None], cancelled: Callable[[], bool]) -> None:
+        if (far := [i for i in req.logit_bias if i >= self.tok.vocab_size]):  # before any work on the request
+            raise ApiError(400, f"logit_bias: token id {far[0]} is not in this model's vocabulary (ids 0 to "
+                                f"{self.tok.vocab_size - 1})", "invalid_request_error", "logit_bias")
         self.trace.events.clear()
         self._cancelled = cancelled
         try:
@@ -341,9 +344,6 @@ class Engine:
                            "messages", "context_length_exceeded")
         procs = list(first)
         if req.presence_penalty or req.frequency_penalty or req.logit_bias:
-            if (far := [i for i in req.logit_bias if i >= self.tok.vocab_size]):
-                raise ApiError(400, f"logit_bias: token id {far[0]} is not in this model's vocabulary (ids 0 to "
-                                    f"{self.tok.vocab_size - 1})", "invalid_request_error", "logit_bias")
             procs.insert(0, penalties(req.presence_penalty, req.frequency_penalty, req.logit_bias))
         if req.json_schema is not None:
             grammar = GrammarMask(self.tok, schema_grammar(req.json_schema))

@@ -58,19 +58,67 @@ def render(source: str, messages: list[dict], specials: tuple[str, ...], held: d
     messages = _template_call_ids(messages)
     token = _HELD.set(held)
     try:
-        return template.render(messages=messages, **variables)
-    except ModelError as refused:  # the template's own refusal (`raise_exception`): the conversation in the shapes
-        # templates ask for, tried only where it refused the conversation as sent
+        return _render_once(template, messages, variables)
+    except ModelError as refused:  # the template's own refusal (`raise_exception`), or its failure on this
+        # conversation: the conversation in the shapes templates ask for, tried only where it refused it as sent
         alternating = _alternating(messages)
         for shaped in (_one_call_per_message(messages), alternating, _alternating(_no_system(alternating))):
             if shaped != messages:
                 try:
-                    return template.render(messages=shaped, **variables)
+                    return _render_once(template, shaped, variables)
                 except ModelError:
                     pass
         raise TemplateRefusal(f"{refused} (this model's chat template refuses the conversation)") from None
     finally:
         _HELD.reset(token)
+
+
+# what a template's own code raises where it meets a value it did not expect (an undefined variable used, a
+# list where it takes a string, a missing key): the template's failure on this conversation, not the server's
+_TEMPLATE_FAILURES = (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError, ArithmeticError)
+
+
+def _render_once(template: jinja2.Template, messages: list[dict], variables: dict) -> str:
+    try:
+        return template.render(messages=messages, **variables)
+    except ModelError:
+        raise
+    except _TEMPLATE_FAILURES as e:
+        raise ModelError(f"chat template error: {type(e).__name__}: {e}") from None
+
+
+def rendered_contents(pieces: list[str], texts: list[str], rendered: str) -> list[str] | None:
+    """The text a template rendered for each message content and tool, where it did not insert them verbatim.
+
+    `pieces`: a rendering with placeholders split by PIECE_RE (markup at even indexes, placeholder names at odd
+    ones), `texts`: each placeholder's text as sent, `rendered`: the rendering with the real texts. Templates trim
+    contents (Llama 3.1's `| trim`), cut an earlier reply's reasoning off (`content.split('</think>')[-1]`), or
+    write a content as a JSON string (Phi-4's tool results): each content's rendered text is read as the part
+    of `rendered` between its markup neighbours that is a part of its text as sent (or of that text's JSON string
+    form). Tools are taken verbatim. None when `rendered` has no such reading.
+    """
+    out: list[str] = []
+    cur = 0
+    for k in range(0, len(pieces) - 1, 2):
+        if not rendered.startswith(pieces[k], cur):
+            return None
+        cur += len(pieces[k])
+        name, text, after = pieces[k + 1], texts[k // 2], pieces[k + 2]
+        forms = (text,) if name[0] == "t" else (text, json.dumps(text, ensure_ascii=False)[1:-1])
+        if not after:  # no markup to find the end by: only the text as sent
+            ends = [cur + len(f) for f in forms if rendered.startswith(f, cur)]
+        else:
+            ends, e = [], rendered.find(after, cur)
+            while e >= 0 and e - cur <= max(map(len, forms)):
+                ends.append(e)
+                e = rendered.find(after, e + 1)
+        ends = [e for e in ends if any(rendered[cur:e] in f for f in forms)]
+        if not ends:
+            return None
+        end = max(ends, key=lambda e: (rendered[cur:e] == text, e))  # as sent if it can be, else the longest part
+        out.append(rendered[cur:end])
+        cur = end
+    return out if rendered[cur:] == pieces[-1] else None
 
 
 class JsonText(dict):
@@ -93,11 +141,22 @@ def tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=Fa
         text = value.text
     else:
         text = json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys,
-                          ensure_ascii=ensure_ascii)
+                          ensure_ascii=ensure_ascii, default=_json_default)
     for s in specials:
         if s in text:
             text = text.replace(s, f"\\u{ord(s[0]):04x}{s[1:]}")
     return text
+
+
+def _json_default(value):
+    """What templates hand `tojson` beside JSON values: a filter's lazy result (`tools | map(attribute='function')`)
+    as its list, an undefined variable as null."""
+    if isinstance(value, jinja2.Undefined):
+        return None
+    try:
+        return list(value)
+    except TypeError:
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable") from None
 
 
 _HELD: contextvars.ContextVar[dict | None] = contextvars.ContextVar("tools_held", default=None)

@@ -24,7 +24,15 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as HFTokenizer
 
 from native.base import ModelError
-from native.chat_template import CONTENT_PLACEHOLDER, PIECE_RE, dir_templates, fallback_template, render, tojson
+from native.chat_template import (
+    CONTENT_PLACEHOLDER,
+    PIECE_RE,
+    dir_templates,
+    fallback_template,
+    render,
+    rendered_contents,
+    tojson,
+)
 
 # GGUF pre-tokenizer name (the names llama.cpp accepts) -> the splits applied before byte-level BPE (its table,
 # restated).
@@ -202,8 +210,11 @@ class Tokenizer:
                  for p in pieces[1::2]]
         rendered = self.apply_chat_template(messages, add_generation_prompt, **extra)
         if "".join(p if k % 2 == 0 else texts[k // 2] for k, p in enumerate(pieces)) != rendered:
-            raise ModelError("this chat template changes message contents (e.g. trims them), so markup and text "
-                             "cannot be told apart safely; use a template that inserts contents verbatim")
+            texts = rendered_contents(pieces, texts, rendered)  # trimmed, cut, or written as JSON strings
+            if texts is None:
+                raise ModelError("this chat template changes message contents beyond trimming, cutting or quoting "
+                                 "them, so markup and text cannot be told apart safely; use a template that inserts "
+                                 "contents verbatim")
         ids: list[int] = []
         spans: list[tuple[int, int]] = []
         last = max((k for k in range(1, len(pieces), 2) if pieces[k][0] == "t"), default=None)

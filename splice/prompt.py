@@ -19,6 +19,12 @@ DEFAULT_SYSTEM = (
 )
 
 
+class LayoutError(ValueError):
+    """The model's chat template renders a message differently by what stands around it (e.g. a lone system
+    message as a user turn), so a segment's tokens are not the same in every conversation: nothing can be spliced
+    or cached by segment with it."""
+
+
 def schema_segment(tool: Tool) -> str:
     """The text of a tool's schema segment (the message content, without chat markup)."""
     schema = json.dumps(tool.input_schema, sort_keys=True, separators=(", ", ": "), ensure_ascii=False)
@@ -33,12 +39,20 @@ def schema_segment(tool: Tool) -> str:
 
 def segment_tokens(tokenizer, tool: Tool) -> list[int]:
     """Token ids of the schema segment as its own chat message (markup included), ready to splice or prefill."""
-    return tokenizer.encode_chat([{"role": "system", "content": schema_segment(tool)}], add_generation_prompt=False)
+    return _system_message(tokenizer, schema_segment(tool))
 
 
 def preamble_tokens(tokenizer, system: str = DEFAULT_SYSTEM) -> list[int]:
     """Token ids of the system prompt message that every conversation (and every block's anchor) starts with."""
-    return tokenizer.encode_chat([{"role": "system", "content": system}], add_generation_prompt=False)
+    return _system_message(tokenizer, system)
+
+
+def _system_message(tokenizer, text: str) -> list[int]:
+    message = [{"role": "system", "content": text}]
+    if text not in tokenizer.apply_chat_template(message, add_generation_prompt=False):
+        # GLM-4's template keeps a system message back until the first user turn: alone, it renders nothing
+        raise LayoutError("this chat template does not render a system message on its own; splicing needs it to")
+    return tokenizer.encode_chat(message, add_generation_prompt=False)
 
 
 def user_turn_tokens(tokenizer, text: str) -> list[int]:
@@ -47,7 +61,7 @@ def user_turn_tokens(tokenizer, text: str) -> list[int]:
     full = tokenizer.encode_chat(msgs, add_generation_prompt=True)
     head = tokenizer.encode_chat(msgs[:1], add_generation_prompt=False)
     if full[: len(head)] != head:
-        raise ValueError("this chat template does not render messages independently; splicing needs it to")
+        raise LayoutError("this chat template does not render messages independently; splicing needs it to")
     return full[len(head) :]
 
 
@@ -74,7 +88,7 @@ def context_tokens(tokenizer, n: int) -> list[int]:
         msgs = msgs + [{"role": ("user", "assistant")[i % 2], "content": t} for i, t in enumerate(_CONTEXT_TURNS)]
         full = tokenizer.encode_chat(msgs, add_generation_prompt=False)
         if full[: len(head)] != head:
-            raise ValueError("this chat template does not render messages independently; splicing needs it to")
+            raise LayoutError("this chat template does not render messages independently; splicing needs it to")
         if len(full) - len(head) >= n:
             return full[len(head) : len(head) + n]
 

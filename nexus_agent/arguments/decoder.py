@@ -33,7 +33,7 @@ from typing import Callable
 from nexus_agent.arguments.constrained import generate_json, grammar_enforces
 from nexus_agent.arguments.copy_sources import Source
 from nexus_agent.arguments.drafts import copy_processors
-from nexus_agent.arguments.fullschema import insert_schema, needs_full_schema, user_tokens
+from nexus_agent.arguments.fullschema import full_schema_prompt, needs_full_schema
 from nexus_agent.prompts import argument_messages
 from registry.signature import compress
 
@@ -192,8 +192,7 @@ class ArgumentDecoder:
         if problem is None:
             ids = tok.encode_chat(argument_messages(compress(tool), step, results))
         else:
-            prefix, info = insert_schema(live, tool)
-            ids = prefix + user_tokens(tok, step, problem or None, results)
+            ids, info = full_schema_prompt(live, tool, step, problem or None, results)
             self.trace.emit("full_schema", tool=tool.name, why=problem, prompt_tokens=len(ids), **info)
         logits = live.prefill(ids)
         prefill_s = time.perf_counter() - t0

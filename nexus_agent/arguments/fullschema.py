@@ -3,13 +3,14 @@
 Used when the compressed signature is not enough: the arguments failed validation, or the schema is too
 complex for a signature by the rule in `needs_full_schema`. The segment layout is the splice compiler's own
 (`splice.prompt`: preamble, schema segment as a system message, user turn), so a spliced block and a text
-prefill see identical token ids. A precompiled block is used when `splice` offers a loader for this model and
-tool (`insert_schema`); otherwise, or when no valid block exists, the segment is prefilled as text.
+prefill see identical token ids. A precompiled block is spliced when a valid one exists for this model and tool
+(`insert_schema`); otherwise the segment is prefilled as text.
 """
 
 from __future__ import annotations
 
 from registry.signature import compress
+from splice.prompt import DEFAULT_SYSTEM, LayoutError, preamble_tokens, schema_segment, segment_tokens, user_turn_tokens
 
 MAX_SIGNATURE_PARAMS = 8
 
@@ -29,48 +30,42 @@ def needs_full_schema(tool) -> str | None:
     return None
 
 
-def schema_prefix(tokenizer, tool) -> tuple[list[int], list[int]]:
-    """(preamble ids, schema segment ids) in the splice layout (a local layout when splice is absent)."""
-    try:
-        from splice.prompt import preamble_tokens, segment_tokens
-    except ImportError:
-        from nexus_agent.prompts import render_schema
-
-        pre = tokenizer.encode_chat([{"role": "system", "content": "You call tools with JSON arguments."}], False)
-        return pre, tokenizer.encode_chat([{"role": "system", "content": render_schema(tool)}], False)
-    return preamble_tokens(tokenizer), segment_tokens(tokenizer, tool)
-
-
-def user_tokens(tokenizer, request: str, problem: str | None = None, results: list[str] | None = None) -> list[int]:
-    """The user turn after the schema segment: the step, the turn's earlier results, and the rejected
-    attempt's problem, when any."""
+def _user_text(request: str, problem: str | None, results: list[str] | None) -> str:
+    """The user turn after the schema segment: the step, the turn's earlier results, and the rejected attempt's
+    problem, when any."""
     from nexus_agent.prompts import _with_results
 
     text = _with_results(request, results)
-    text = text if not problem else f"{text}\n(Previous arguments were rejected: {problem})"
-    try:
-        from splice.prompt import user_turn_tokens
-    except ImportError:
-        full = tokenizer.encode_chat([{"role": "system", "content": "x"}, {"role": "user", "content": text}])
-        return full[len(tokenizer.encode_chat([{"role": "system", "content": "x"}], False)):]
-    return user_turn_tokens(tokenizer, text)
+    return text if not problem else f"{text}\n(Previous arguments were rejected: {problem})"
 
 
-def insert_schema(live, tool) -> tuple[list[int], dict]:
-    """Put preamble + the tool's schema segment into the live context: the precompiled block spliced at the
-    current depth when `splice` is installed and a valid block exists (splice itself falls back to a text
-    prefill of the segment otherwise), else a text prefill. Returns (ids now cached, what was done)."""
+def full_schema_prompt(live, tool, request: str, problem: str | None = None,
+                       results: list[str] | None = None) -> tuple[list[int], dict]:
+    """(prompt ids, what was done): preamble and schema segment in the live context (`insert_schema`), then the
+    user turn. A template that renders a message by what stands around it has no segment tokens to splice or
+    reuse (`splice.prompt.LayoutError`): there the three messages are rendered as one conversation, as text."""
     tok = live.backend.tokenizer
-    pre, seg = schema_prefix(tok, tool)
-    live.prefill(pre)  # reuses the cached preamble when it is already there
+    text = _user_text(request, problem, results)
     try:
-        from splice.splicer import splice_tool
-    except ImportError:
-        live.prefill(pre + seg)
-        return pre + seg, {"how": "text_prefill", "fallback": "splice is not installed"}
+        user = user_turn_tokens(tok, text)
+        pre, seg = preamble_tokens(tok), segment_tokens(tok, tool)
+    except LayoutError as e:
+        ids = tok.encode_chat([{"role": "system", "content": DEFAULT_SYSTEM},
+                               {"role": "system", "content": schema_segment(tool)}, {"role": "user", "content": text}])
+        return ids, {"how": "text_prefill", "fallback": str(e)}
+    return pre + seg + user, insert_schema(live, tool, pre, seg)
+
+
+def insert_schema(live, tool, pre: list[int], seg: list[int]) -> dict:
+    """Put the preamble `pre` and the tool's schema segment `seg` into the live context: the precompiled block
+    spliced at the current depth when a valid block exists (splice itself falls back to a text prefill of the
+    segment otherwise). Returns what was done."""
+    from splice.splicer import splice_tool
+
+    live.prefill(pre)  # reuses the cached preamble when it is already there
     r = splice_tool(live.session, live.backend, tool, depth=0)
     live.ids = pre + seg
     info = {"how": "splice" if r.fallback is None else "text_prefill", "plan": r.plan.mode, "tokens": r.n_tokens,
             "redecoded": r.redecoded, "load_ms": round(r.load_ms, 2), "splice_ms": round(r.splice_ms, 2),
             "fallback": r.fallback}
-    return pre + seg, info
+    return info

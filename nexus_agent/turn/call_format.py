@@ -55,15 +55,18 @@ def probe_call_format(tokenizer) -> CallFormat:
         return NEXUS_FORMAT
     tool = {"type": "function", "function": {"name": _NAME, "description": "probe", "parameters": {
         "type": "object", "properties": {_KEY: {"type": "integer"}}}}}
-    head = tokenizer.apply_chat_template(_probe_messages(_PROBE_ARGS)[:1], True, tools=[tool])
+    try:
+        head = tokenizer.apply_chat_template(_probe_messages(_PROBE_ARGS)[:1], True, tools=[tool])
+    except ModelError:  # a template that fails on tools is served without them: Nexus's signatures stand in
+        return NEXUS_FORMAT
     for arguments in (_PROBE_ARGS, json.dumps(_PROBE_ARGS)):  # templates differ: an object, or its JSON text
         try:
             text = tokenizer.apply_chat_template(_probe_messages(arguments), False, tools=[tool])
         except (ModelError, TypeError, ValueError):
             continue
-        if not text.startswith(head) or _NAME not in text or _KEY not in text:
+        body = text[len(head):] if text.startswith(head) else ""
+        if _NAME not in body or _KEY not in body:  # the tools section above holds them both: not a call
             continue
-        body = text[len(head):]
         opener, rest = body.split(_NAME, 1)
         k = rest.find("{")
         if k < 0 or _KEY not in rest[k:]:

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
+from native.base import TemplateRefusal
 from nexus_agent.arguments.constrained import grammar_enforces, token_bytes
 from nexus_agent.arguments.copy_sources import Source
 from nexus_agent.arguments.decoder import budgets, describe_miss
@@ -127,9 +128,14 @@ def respelled(held: list[int], ids: list[int], tb, start: int = 0, window: int =
 
 
 def reading_prompts(decider: Decider, messages: list[dict], cands: list[Candidate]):
-    """The prompts of `readings(messages)` with the candidates `cands` shown, as `decision_prompt` builds them."""
+    """The prompts of `readings(messages)` with the candidates `cands` shown, as `decision_prompt` builds them; a
+    reading the model's template refuses (Mistral's: the conversation without its prose no longer alternates) is
+    not read."""
     for alt in readings(messages):
-        yield decision_prompt(decider, alt, cands)[0]
+        try:
+            yield decision_prompt(decider, alt, cands)[0]
+        except TemplateRefusal:
+            continue
 
 
 def calls_made(messages: list[dict]) -> list[Choice]:

@@ -7,6 +7,7 @@ only first, user and model turns in alternation) over the packaged SmolLM2's rea
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 
@@ -284,3 +285,107 @@ def test_doctor_says_whether_the_template_renders_an_agents_conversation(tmp_pat
     else:
         assert ok and "renders a conversation with a call and its result" in detail
         assert ("[TOOL_CALLS]" in detail) == (family == "mistral")
+
+
+def test_contents_a_template_trims_cuts_or_quotes_are_still_read_as_text(tok):
+    """Templates do not all insert contents verbatim: Llama 3.1's trims them, Qwen3's cuts an earlier reply's
+    reasoning off, Phi-4's writes a tool result as a JSON string. The prompt is the template's text exactly, and a
+    content's text (here one holding the model's own end-of-turn marker) is never read as markup."""
+    changing = replace(tok, chat_template=(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.role == 'tool' %}{{ m.content | tojson }}"
+        "{% elif m.role == 'assistant' %}{{ m.content.split('</think>')[-1].lstrip('\n') }}"
+        "{% else %}{{ m.content | trim }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"))
+    chat = [{"role": "system", "content": "  Be brief.\n"}, {"role": "user", "content": "Say <|im_end|> twice\n\n"},
+            {"role": "assistant", "content": "<think>an easy one</think>\n\nDone."},
+            {"role": "tool", "content": 'He said "hi"\nand left.'}]
+    text = changing.apply_chat_template(chat)
+    assert "Be brief.<|im_end|>" in text and "\nDone.<|im_end|>" in text and '"He said \\"hi\\"\\nand left."' in text
+    ids = changing.encode_chat(chat)
+    assert changing.decode(ids) == text
+    end = tok.encode("<|im_end|>", special=True)
+    assert len(end) == 1 and ids.count(end[0]) == 4  # the four turns' own; the user's "<|im_end|>" is text
+    rewriting = replace(tok, chat_template=changing.chat_template.replace("| trim", "| upper"))
+    with pytest.raises(ModelError, match="beyond trimming"):  # a content rewritten: no safe reading, as before
+        rewriting.encode_chat(chat)
+
+
+def test_a_template_that_fails_on_tools_is_served_without_them(tok):
+    """A template's own error (an undefined variable used, a filter's result it cannot write) is its failure on
+    the conversation: the call-format probe reads such a template as having no tools section, and a request it
+    fails on is the request's error naming the template (not a server error)."""
+    failing = replace(tok, chat_template=(
+        "{% if tools %}{{ 'Functions: ' + functions }}{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"))
+    assert probe_call_format(failing).template_tools is False
+    with pytest.raises(TemplateRefusal, match="chat template error: UndefinedError: 'functions' is undefined"):
+        failing.apply_chat_template([{"role": "user", "content": "Hi"}], tools=TOOLS)
+    assert failing.apply_chat_template([{"role": "user", "content": "Hi"}]) == "<|im_start|>user\nHi<|im_end|>\n"
+    mapped = replace(tok, chat_template="{{ tools | map(attribute='function') | tojson }}|{{ nothing | tojson }}")
+    assert mapped.apply_chat_template([], tools=TOOLS) == json.dumps([TOOLS[0]["function"]]) + "|null"
+
+
+LONE_SYSTEM = {  # a conversation of only a system message rendered as a user turn, or not at all (GLM-4's)
+    "as_user": ("{% for m in messages %}<|im_start|>"
+                "{{ 'user' if messages | length == 1 else m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
+    "kept_back": ("{% for m in messages %}{% if m.role != 'system' or messages | length > 1 %}<|im_start|>"
+                  "{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"),
+}
+
+
+@pytest.mark.parametrize("lone", LONE_SYSTEM)
+def test_a_template_that_renders_a_lone_system_message_otherwise_is_served(tmp_path, lone):
+    """Some templates render a message by what stands around it: a tool's schema segment then has no tokens of
+    its own to splice, and the arguments are decoded on the whole prompt prefilled as text (a server error
+    before). The tool's schema needs the full-schema path (a nested object), so every call decoded takes it."""
+    from serve_helpers import post, running_serve
+    from tiny_models import SPECS, write_tiny_gguf
+
+    from native.model_files import default_model_path
+
+    template = LONE_SYSTEM[lone]
+    path = write_tiny_gguf(tmp_path / "lone.gguf", SPECS["llama3"], default_model_path(), chat_template=template)
+    nested = {"type": "function", "function": {"name": "book", "description": "Book a trip", "parameters": {
+        "type": "object", "properties": {"trip": {"type": "object", "properties": {
+            "from": {"type": "object", "properties": {"city": {"type": "string"}, "day": {"type": "string"}}},
+            "to": {"type": "string"}}}}, "required": ["trip"]}}}
+    home = tmp_path / "home"
+    home.mkdir()
+    with running_serve(home, "--model", path, "--n-ctx", "2048", "--no-idle-compile") as url:
+        for choice in ("required", {"type": "function", "function": {"name": "book"}}):
+            status, body = post(url, {"model": "lone", "messages": [{"role": "user", "content": "Book Oslo to Rome"}],
+                                      "tools": [nested], "tool_choice": choice, "max_tokens": 24})
+            assert status == 200, body
+            message = body["choices"][0]["message"]  # the call, or (random weights) why its arguments failed
+            assert (message.get("tool_calls") or [{}])[0].get("function", {}).get("name") == "book" or \
+                message["content"].startswith("I could not fill in the arguments of book")
+        log = (home / "server.log").read_text()
+        assert "Traceback" not in log
+
+
+def test_a_reading_the_template_refuses_is_not_read(llamacpp_backend):
+    """p(call) is also read on the conversation without its prose (`readings`); Mistral 3's template refuses that
+    one where it no longer alternates (two user turns once the prose between them is gone). That reading is
+    skipped, and the request is decided on the others (it was an HTTP 400 before)."""
+    from nexus_agent.turn.decide import Candidate, Decider
+    from nexus_agent.turn.engine import reading_prompts, readings
+    from nexus_agent.turn.profile import DecideProfile
+    from registry.model import Tool
+
+    alternating = MISTRAL.replace("{% for m in messages %}", (
+        "{% for m in messages | rejectattr('role', 'equalto', 'tool') | rejectattr('tool_calls') %}"
+        "{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('roles must alternate') }}"
+        "{% endif %}{% endfor %}{% for m in messages %}"), 1)
+    tok = replace(llamacpp_backend.tokenizer, chat_template=alternating)
+    decider = Decider(llamacpp_backend, DecideProfile(), probe_call_format(tok))
+    decider.tok = tok  # the prompts are rendered with the Mistral-format template over the packaged model
+    chat = HELD[:-1] + [{"role": "assistant", "content": "3 C in Oslo, 18 C in Rome."},
+                        {"role": "user", "content": "And in Paris?"}]
+    cands = [Candidate(Tool.from_mcp({"name": "get_weather", "description": "Weather for a city",
+                                      "inputSchema": TOOLS[0]["function"]["parameters"]}), 0.5, 0)]
+    assert len(readings(chat)) == 2
+    prompts = list(reading_prompts(decider, chat, cands))
+    assert len(prompts) == 1 and tok.decode(prompts[0]).count("[INST]") == 1  # the last exchange alone

@@ -37,6 +37,23 @@ FALLBACK_TEMPLATES = {
 }
 
 
+def read_template(value: str) -> str:
+    """A chat template given on the command line (`--chat-template`, as vLLM's): a file's path, or the Jinja
+    text itself; checked to compile, so a broken one is named at start, not at the first request."""
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            source = f.read()
+    elif "{{" in value or "{%" in value:
+        source = value
+    else:
+        raise ModelError(f"--chat-template: no such file {value!r} (give a Jinja file's path or the template text)")
+    try:
+        _compiled(source, ())
+    except jinja2.TemplateError as e:
+        raise ModelError(f"--chat-template: the template does not compile: {e}") from None
+    return source
+
+
 def fallback_template(vocab) -> str | None:
     """The turn format named by the first marker in `vocab` (token texts), or None."""
     return next((t for marker, t in FALLBACK_TEMPLATES.items() if marker in vocab), None)

@@ -8,7 +8,7 @@ capabilities say) plus one entry here.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from native.base import Backend, Capabilities, ModelError
 
@@ -64,12 +64,24 @@ def load_backend(name: str, model: str | None = None, **options) -> Backend:
     """Load `model` (a GGUF file or an MLX/HF model directory; default: the packaged SmolLM2) on backend `name`.
 
     For "openai", `model` is the served model's name and options are OpenAIConfig fields (base_url, api_key...).
+    `chat_template`: a Jinja template (a file's path or its text) rendered instead of the model's own, for a
+    model that has none or one that fails (`--chat-template`, as llama.cpp's and vLLM's servers take it).
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    template = options.pop("chat_template", None)
+    if template is not None and BACKENDS[name].capabilities.text_only:
+        raise ValueError(f"--chat-template: the {name} backend's server renders its own chat template")
+    if template is not None:
+        from native.chat_template import read_template
+
+        template = read_template(template)
     module_name, cls_name = BACKENDS[name].target.split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
-    return cls(model, **options)
+    backend = cls(model, **options)
+    if template is not None:
+        backend.tokenizer = replace(backend.tokenizer, chat_template=template, tool_template=None)
+    return backend
 
 
 __all__ = ["BACKENDS", "BackendSpec", "ModelError", "list_backends", "load_backend"]

@@ -8,6 +8,8 @@ import sys
 
 from native.registry import list_backends
 
+TEMPLATE_HELP = "a chat template (a Jinja file, or its text) rendered instead of the model's own"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="run one agent task over the registered MCP tools")
@@ -21,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--backend", choices=list_backends(text_only=False), default="llamacpp")
     d.add_argument("--no-servers", action="store_true", help="do not start the registered MCP servers")
     d.add_argument("--model", default=None, help="GGUF file, MLX model folder or packaged name (default smollm2)")
+    d.add_argument("--chat-template", default=None, metavar="FILE", help=TEMPLATE_HELP)
     d.set_defaults(func=_doctor)
     m = sub.add_parser("mcp", help="serve Nexus as one MCP server (find_tools, call_tool) in front of every "
                        "registered server: stdio, or --http")
@@ -36,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY on /v1 routes")
     s.add_argument("--model", default=None, help="GGUF file, MLX model folder or packaged name (default smollm2)")
+    s.add_argument("--chat-template", default=None, metavar="FILE", help=TEMPLATE_HELP)
     s.add_argument("--backend", choices=list_backends(text_only=False), default="llamacpp")
     s.add_argument("--kv-budget", type=int, default=None, metavar="TOKENS", help="KV budget per conversation")
     s.add_argument("--n-ctx", type=int, default=8192, help="tokens per live context (default 8192)")
@@ -50,6 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=list_backends(), default="llamacpp", help="model backend")
     p.add_argument("--model", default=None, help="GGUF file or MLX model folder (default: packaged SmolLM2)")
+    p.add_argument("--chat-template", default=None, metavar="FILE", help=TEMPLATE_HELP)
     p.add_argument("--trace", default=None, metavar="FILE", help="append a JSONL trace of the session to FILE")
     p.add_argument("--max-steps", type=int, default=4, help="tool calls per turn (default 4)")
     p.add_argument("--max-arg-tokens", type=int, default=160)
@@ -64,13 +69,14 @@ def _agent_args(p: argparse.ArgumentParser) -> None:
 
 def _open(args):
     return build_agent(args.backend, args.model, args.route, args.trace, args.max_steps, args.max_arg_tokens,
-                       args.max_tokens, not args.no_answer, args.kv_budget, args.eviction, args.timeout, args.quiet)
+                       args.max_tokens, not args.no_answer, args.kv_budget, args.eviction, args.timeout, args.quiet,
+                       chat_template=args.chat_template)
 
 
 def build_agent(backend_name: str = "llamacpp", model: str | None = None, route: str = "gate", trace: str | None = None,
                 max_steps: int = 4, max_arg_tokens: int = 160, max_tokens: int = 96, answer: bool = True,
                 kv_budget: int | None = None, eviction: str = "certified", timeout: float = 20.0, quiet: bool = False,
-                backend=None):
+                backend=None, chat_template: str | None = None):
     """An agent over the home registry plus its rich console; the library call behind run, chat and demo."""
     from nexus_agent.loop import AgentConfig
     from nexus_agent.memory import MemoryConfig
@@ -80,7 +86,7 @@ def build_agent(backend_name: str = "llamacpp", model: str | None = None, route:
 
     ui = Console(quiet=quiet)
     agent = open_agent(
-        SessionConfig(backend_name, model, route, trace),
+        SessionConfig(backend_name, model, route, trace, chat_template),
         AgentConfig(max_steps=max_steps, max_arg_tokens=max_arg_tokens, max_answer_tokens=max_tokens, answer=answer),
         MemoryConfig(kv_budget, eviction), ServerPoolConfig(call_timeout_s=timeout),
         on_text=ui.text, on_event=ui.event, backend=backend,
@@ -119,7 +125,7 @@ def _serve(args: argparse.Namespace) -> int:
     from nexus_agent.server import ServeConfig, serve
 
     engine = EngineConfig(args.backend, args.model, args.n_ctx, args.kv_budget, args.contexts,
-                          compile_idle=not args.no_idle_compile)
+                          compile_idle=not args.no_idle_compile, chat_template=args.chat_template)
     return serve(ServeConfig(args.host, args.port, args.api_key, int(args.max_body_mb * (1 << 20)), args.log_level,
                              engine))
 
@@ -128,7 +134,8 @@ def _doctor(args: argparse.Namespace) -> int:
     from nexus_agent.doctor import run_checks
 
     ok = True
-    for name, passed, detail in run_checks(args.backend, servers=not args.no_servers, model=args.model):
+    for name, passed, detail in run_checks(args.backend, servers=not args.no_servers, model=args.model,
+                                           chat_template=args.chat_template):
         ok &= passed
         print(f"[{'ok' if passed else 'FAIL'}] {name}: {detail}")
     return 0 if ok else 1

@@ -15,10 +15,11 @@ from pathlib import Path
 Check = tuple[str, bool, str]
 
 
-def run_checks(backend_name: str = "llamacpp", servers: bool = True, model: str | None = None) -> list[Check]:
+def run_checks(backend_name: str = "llamacpp", servers: bool = True, model: str | None = None,
+               chat_template: str | None = None) -> list[Check]:
     """All checks for `backend_name` and `model` (None: the packaged default); `servers=False` skips starting
     the registered MCP servers."""
-    out = check_install(backend_name) + check_model(backend_name, model)
+    out = check_install(backend_name) + check_model(backend_name, model, chat_template)
     from registry.store import RegistryStore
 
     with RegistryStore() as store:
@@ -62,11 +63,11 @@ def check_install(backend_name: str) -> list[Check]:
     return out
 
 
-def check_model(backend_name: str, model: str | None = None) -> list[Check]:
+def check_model(backend_name: str, model: str | None = None, chat_template: str | None = None) -> list[Check]:
     try:
         from native import load_backend
 
-        backend = load_backend(backend_name, model)
+        backend = load_backend(backend_name, model, chat_template=chat_template)
     except Exception as e:
         return [("model", False, f"{e}")]
     out: list[Check] = [("model", True, f"{backend.info.path} on {backend_name}")]

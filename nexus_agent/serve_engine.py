@@ -56,6 +56,7 @@ class EngineConfig:
     embed_cache: int = 8192
     router_cache: int = 8
     compile_idle: bool = True
+    chat_template: str | None = None  # a Jinja file's path or text rendered instead of the model's own
 
     def __post_init__(self):
         if self.contexts < 1:
@@ -93,7 +94,7 @@ class Engine:
         from slb.embedder import Embedder, EmbedderConfig, batch_threads
 
         self.config = c = config or EngineConfig()
-        self.backend = load_backend(c.backend, c.model)
+        self.backend = load_backend(c.backend, c.model, chat_template=c.chat_template)
         if self.backend.capabilities.text_only:
             raise ValueError("nexus serve needs a local backend (llamacpp or mlx), not a text-only server")
         self.tok = self.backend.tokenizer

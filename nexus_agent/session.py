@@ -23,6 +23,7 @@ class SessionConfig:
     model: str | None = None
     route_mode: str = "gate"
     trace_path: str | None = None
+    chat_template: str | None = None  # a Jinja file's path or text rendered instead of the model's own
 
     def __post_init__(self):
         if self.route_mode not in ("gate", "embed", "rerank"):
@@ -66,7 +67,7 @@ def open_agent(session: SessionConfig | None = None, agent: AgentConfig | None =
         raise ValueError("no tools are registered: run `nexus register --bundled calculator` (or --server CMD) first")
     router = ensure_router(store, session.route_mode)
     pool = ServerPool.from_store(store, servers)
-    backend = backend or load_backend(session.backend, session.model)
+    backend = backend or load_backend(session.backend, session.model, chat_template=session.chat_template)
     trace = Trace(session.trace_path, on_event)
     from slb.learn import ExampleLearner, LearnConfig
 

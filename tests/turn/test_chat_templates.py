@@ -389,3 +389,40 @@ def test_a_reading_the_template_refuses_is_not_read(llamacpp_backend):
     assert len(readings(chat)) == 2
     prompts = list(reading_prompts(decider, chat, cands))
     assert len(prompts) == 1 and tok.decode(prompts[0]).count("[INST]") == 1  # the last exchange alone
+
+
+def test_a_chat_template_given_at_start_replaces_the_models_own(tmp_path):
+    """`--chat-template` (a file, as llama.cpp's and vLLM's servers take one): a model whose own template fails on
+    every conversation is served with the one given, and doctor checks that one; a missing file or a template
+    that does not compile stops the server at start, named."""
+    openai = pytest.importorskip("openai")
+    import os
+    import subprocess
+    import sys
+
+    from serve_helpers import API_KEY, ROOT, running_serve
+    from tiny_models import SPECS, write_tiny_gguf
+
+    from native.model_files import default_model_path
+    from nexus_agent.doctor import check_model
+
+    failing = "{{ 'Functions: ' + functions }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    path = write_tiny_gguf(tmp_path / "failing.gguf", SPECS["llama3"], default_model_path(), chat_template=failing)
+    given = tmp_path / "mistral.jinja"
+    given.write_text(MISTRAL)
+    checks = {name: (ok, detail) for name, ok, detail in check_model("llamacpp", path, str(given))}
+    assert checks["chat template"][0] and "[TOOL_CALLS]" in checks["chat template"][1]
+    assert not {name: ok for name, ok, _ in check_model("llamacpp", path)}["chat template"]
+    home = tmp_path / "home"
+    home.mkdir()
+    with running_serve(home, "--model", path, "--chat-template", str(given), "--n-ctx", "2048",
+                       "--no-idle-compile") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        r = client.chat.completions.create(model="failing", messages=SENT[:-1] + [{"role": "user", "content": "Hi"}],
+                                           tools=TOOLS, max_tokens=4)
+        assert r.choices[0].message.tool_calls or r.choices[0].message.content is not None
+    for bad, words in ((str(tmp_path / "missing.jinja"), "no such file"), ("{% if %}", "does not compile")):
+        out = subprocess.run([sys.executable, "-m", "nexus_agent.cli", "serve", "--model", path, "--chat-template",
+                              bad, "--port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, NEXUS_HOME=str(home), PYTHONPATH=str(ROOT)))
+        assert out.returncode != 0 and words in out.stderr

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -33,6 +34,8 @@ from native.chat_template import (
     rendered_contents,
     tojson,
 )
+
+log = logging.getLogger(__name__)
 
 # GGUF pre-tokenizer name (the names llama.cpp accepts) -> the splits applied before byte-level BPE (its table,
 # restated).
@@ -53,6 +56,29 @@ _QWEN35 = (
 )
 # llama.cpp's "default": punctuation runs, then the GPT-2 split, then digit runs cut into groups of three.
 _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+# Falcon: as the default with the backtick among the punctuation and without the digit-run step.
+_FALCON = (r"[\p{P}\$\+<=>\^~\|`]+", r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)""",
+           r"[0-9][0-9][0-9]")
+# Tekken (Mistral Nemo, Small 3, Ministral) and GPT-4o (Phi-4-mini, gpt-oss, Llama 4): a word is a run of
+# capitals then a run of small letters (or the reverse), a slash ends a punctuation run; GPT-4o keeps an
+# apostrophe suffix on its word and groups digits by three. llama.cpp writes "capital" as a letter outside a-z and
+# "small" as a letter outside A-Z, as here (its regex engine has no \p{Lu}).
+_UPPER, _LOWER = r"(?:(?=\p{L})[^a-z])", r"(?:(?=\p{L})[^A-Z])"
+_SUFFIX = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_TEKKEN = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*|\p{{N}}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_SUFFIX}?|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_SUFFIX}?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Seed-Coder: as Qwen2 but a punctuation run never takes a line break.
+_SEED_CODER = (rf"{_SUFFIX}|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}| ?[^\s\p{{L}}\p{{N}}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+")
+# BLOOM-style: a word runs to the next space or listed punctuation mark.
+_BLOOM = r" ?[^(\s|.,!?…。，、।۔،)]+"
+# DeepSeek-Coder: line breaks, letter runs, punctuation runs, CJK runs, single digits, in turn.
+_DEEPSEEK_CODER = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}")
+# DeepSeek-V3 (and Hunyuan dense): digit groups of three, CJK runs, then letters with their marks.
+_DEEPSEEK_V3 = (r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
+                r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 @dataclass(frozen=True)
@@ -66,16 +92,28 @@ class PreTokenizer:
 
 _GPT2_PRE, _DIGITS_PRE = PreTokenizer(_GPT2), PreTokenizer(_GPT2, split_digits=True)
 _LLAMA3_PRE, _QWEN2_PRE = PreTokenizer(_LLAMA3, ignore_merges=True), PreTokenizer(_QWEN2)
+_GPT4O_PRE, _BLOOM_PRE, _DEEPSEEK_V3_PRE = PreTokenizer(_GPT4O), PreTokenizer(_BLOOM), PreTokenizer(_DEEPSEEK_V3)
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "default": PreTokenizer(_DEFAULT), "gpt-2": _GPT2_PRE, "phi-2": _GPT2_PRE, "mpt": _GPT2_PRE,
-    "olmo": _GPT2_PRE, "jais": _GPT2_PRE,
+    "olmo": _GPT2_PRE, "jais": _GPT2_PRE, "gigachat": _GPT2_PRE, "a.x-4.0": _GPT2_PRE, "mellum": _GPT2_PRE,
+    "exaone4": _GPT2_PRE, "trillion": _GPT2_PRE, "granite-docling": _GPT2_PRE,
     "smollm": _DIGITS_PRE, "starcoder": _DIGITS_PRE, "refact": _DIGITS_PRE, "command-r": _DIGITS_PRE,
     "codeshell": _DIGITS_PRE, "exaone": _DIGITS_PRE, "minerva-7b": _DIGITS_PRE,
     "llama3": _LLAMA3_PRE, "llama-v3": _LLAMA3_PRE, "llama-bpe": _LLAMA3_PRE, "falcon3": _LLAMA3_PRE,
-    "dbrx": PreTokenizer(_LLAMA3), "smaug-bpe": PreTokenizer(_LLAMA3),
+    "dbrx": PreTokenizer(_LLAMA3), "smaug-bpe": PreTokenizer(_LLAMA3), "glm4": PreTokenizer(_LLAMA3),
+    "chatglm-bpe": PreTokenizer(_LLAMA3),
     "qwen2": _QWEN2_PRE, "deepseek-r1-qwen": _QWEN2_PRE, "stablelm2": _QWEN2_PRE, "megrez": _QWEN2_PRE,
+    "kormo": _QWEN2_PRE, "hunyuan": _QWEN2_PRE, "grok-2": _QWEN2_PRE,
     "qwen35": PreTokenizer(_QWEN35),
+    "falcon": PreTokenizer(_FALCON), "tekken": PreTokenizer(_TEKKEN, ignore_merges=True),
+    "gpt-4o": _GPT4O_PRE, "llama4": _GPT4O_PRE, "minimax-m2": _GPT4O_PRE,
+    "seed-coder": PreTokenizer(_SEED_CODER), "poro-chat": _BLOOM_PRE, "bloom": _BLOOM_PRE, "gpt3-finnish": _BLOOM_PRE,
+    "viking": PreTokenizer((_BLOOM, r"\p{N}")), "deepseek-coder": PreTokenizer(_DEEPSEEK_CODER),
+    "deepseek-v3": _DEEPSEEK_V3_PRE, "hunyuan-dense": _DEEPSEEK_V3_PRE,
 }
+# llama.cpp's names whose splits are its own code, not a regex (restated nowhere here): refused, named.
+UNSUPPORTED_PRE = frozenset({"kimi-k2", "afmoe", "superbpe", "chameleon", "deepseek-llm", "bailingmoe",
+                             "bailingmoe2", "llada-moe"})
 TOKENIZER_MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece BPE"}
 CONTROL, USER_DEFINED = 3, 4  # GGUF token types matched whole: in template markup only / in all text
 
@@ -258,12 +296,13 @@ def tokenizer_from_gguf(meta: dict, path: str = "<gguf>") -> Tokenizer:
         supported = ", ".join(f"{v} {k!r}" for k, v in TOKENIZER_MODELS.items())
         raise ModelError(f"{path}: unsupported tokenizer model tokenizer.ggml.model={kind!r} (supported: {supported})")
     pre = meta.get("tokenizer.ggml.pre", "default")
-    if kind == "gpt2" and pre not in PRE_TOKENIZERS:
+    if kind == "gpt2" and pre in UNSUPPORTED_PRE:
         raise ModelError(f"{path}: unsupported pre-tokenizer tokenizer.ggml.pre={pre!r} "
                          f"(supported: {', '.join(PRE_TOKENIZERS)})")
-    if kind == "llama" and pre != "default":
-        raise ModelError(f"{path}: unsupported pre-tokenizer tokenizer.ggml.pre={pre!r} for a SentencePiece "
-                         "tokenizer (supported: 'default')")
+    if kind == "gpt2" and pre not in PRE_TOKENIZERS:  # as newer llama.cpp versions do with a name they do not know
+        log.warning("%s: unknown pre-tokenizer tokenizer.ggml.pre=%r: text is split as llama.cpp's 'default' "
+                    "(word splits may differ from the model's own)", path, pre)
+        pre = "default"
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
     types = [int(t) for t in meta.get("tokenizer.ggml.token_type", [1] * len(tokens))]
     vocab = {t: i for i, t in enumerate(tokens)}

@@ -109,10 +109,11 @@ def rendered_contents(pieces: list[str], texts: list[str], rendered: str) -> lis
 
     `pieces`: a rendering with placeholders split by PIECE_RE (markup at even indexes, placeholder names at odd
     ones), `texts`: each placeholder's text as sent, `rendered`: the rendering with the real texts. Templates trim
-    contents (Llama 3.1's `| trim`), cut an earlier reply's reasoning off (`content.split('</think>')[-1]`), or
-    write a content as a JSON string (Phi-4's tool results): each content's rendered text is read as the part
-    of `rendered` between its markup neighbours that is a part of its text as sent (or of that text's JSON string
-    form). Tools are taken verbatim. None when `rendered` has no such reading.
+    contents (Llama 3.1's `| trim`), cut an earlier reply's reasoning off (`content.split('</think>')[-1]`),
+    write a content as a JSON string (Phi-4's tool results), or lay a reply's reasoning out on lines of its own
+    (`<think>\n...\n</think>\n`): each content's rendered text is read as the part of `rendered` between its
+    markup neighbours that is a part of its text as sent (or of that text's JSON string form), or that text with
+    its whitespace laid out otherwise. Tools are taken verbatim. None when `rendered` has no such reading.
     """
     out: list[str] = []
     cur = 0
@@ -126,10 +127,12 @@ def rendered_contents(pieces: list[str], texts: list[str], rendered: str) -> lis
             ends = [cur + len(f) for f in forms if rendered.startswith(f, cur)]
         else:
             ends, e = [], rendered.find(after, cur)
-            while e >= 0 and e - cur <= max(map(len, forms)):
+            while e >= 0 and e - cur <= 2 * max(map(len, forms)) + 64:
                 ends.append(e)
                 e = rendered.find(after, e + 1)
-        ends = [e for e in ends if any(rendered[cur:e] in f for f in forms)]
+        words = "".join(text.split())
+        ends = [e for e in ends if any(rendered[cur:e] in f for f in forms)
+                or (name[0] == "m" and "".join(rendered[cur:e].split()) == words)]
         if not ends:
             return None
         end = max(ends, key=lambda e: (rendered[cur:e] == text, e))  # as sent if it can be, else the longest part

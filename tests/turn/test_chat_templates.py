@@ -306,6 +306,13 @@ def test_contents_a_template_trims_cuts_or_quotes_are_still_read_as_text(tok):
     assert changing.decode(ids) == text
     end = tok.encode("<|im_end|>", special=True)
     assert len(end) == 1 and ids.count(end[0]) == 4  # the four turns' own; the user's "<|im_end|>" is text
+    laying_out = replace(tok, chat_template=(  # Bielik's: a reply's reasoning on lines of its own
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if '</think>' in m.content %}"
+        "{% set parts = m.content.split('</think>') %}{{ '<think>\n' + parts[0].split('<think>')[-1].strip() + "
+        "'\n</think>\n' + parts[1].lstrip() }}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"))
+    text = laying_out.apply_chat_template(chat[2:3], False)
+    assert text == "<|im_start|>assistant\n<think>\nan easy one\n</think>\nDone.<|im_end|>\n"
+    assert laying_out.decode(laying_out.encode_chat(chat[2:3], False)) == text
     rewriting = replace(tok, chat_template=changing.chat_template.replace("| trim", "| upper"))
     with pytest.raises(ModelError, match="beyond trimming"):  # a content rewritten: no safe reading, as before
         rewriting.encode_chat(chat)

@@ -72,7 +72,7 @@ def render(source: str, messages: list[dict], specials: tuple[str, ...], held: d
         template = _compiled(source, specials)
     except jinja2.TemplateError as e:  # the model's file, not the request: named at its first use
         raise ModelError(f"this model's chat template does not compile: {e}") from None
-    messages = _template_call_ids(messages)
+    messages = _without_reasoning(_template_call_ids(messages))
     token = _HELD.set(held)
     try:
         return _render_once(template, messages, variables)
@@ -109,11 +109,10 @@ def rendered_contents(pieces: list[str], texts: list[str], rendered: str) -> lis
 
     `pieces`: a rendering with placeholders split by PIECE_RE (markup at even indexes, placeholder names at odd
     ones), `texts`: each placeholder's text as sent, `rendered`: the rendering with the real texts. Templates trim
-    contents (Llama 3.1's `| trim`), cut an earlier reply's reasoning off (`content.split('</think>')[-1]`),
-    write a content as a JSON string (Phi-4's tool results), or lay a reply's reasoning out on lines of its own
-    (`<think>\n...\n</think>\n`): each content's rendered text is read as the part of `rendered` between its
-    markup neighbours that is a part of its text as sent (or of that text's JSON string form), or that text with
-    its whitespace laid out otherwise. Tools are taken verbatim. None when `rendered` has no such reading.
+    contents (Llama 3.1's `| trim`), cut an earlier reply's reasoning off (`content.split('</think>')[-1]`), or
+    write a content as a JSON string (Phi-4's tool results): each content's rendered text is read as the part of
+    `rendered` between its markup neighbours that is a part of its text as sent (or of that text's JSON string
+    form). Tools are taken verbatim. None when `rendered` has no such reading.
     """
     out: list[str] = []
     cur = 0
@@ -127,12 +126,10 @@ def rendered_contents(pieces: list[str], texts: list[str], rendered: str) -> lis
             ends = [cur + len(f) for f in forms if rendered.startswith(f, cur)]
         else:
             ends, e = [], rendered.find(after, cur)
-            while e >= 0 and e - cur <= 2 * max(map(len, forms)) + 64:
+            while e >= 0 and e - cur <= max(map(len, forms)):
                 ends.append(e)
                 e = rendered.find(after, e + 1)
-        words = "".join(text.split())
-        ends = [e for e in ends if any(rendered[cur:e] in f for f in forms)
-                or (name[0] == "m" and "".join(rendered[cur:e].split()) == words)]
+        ends = [e for e in ends if any(rendered[cur:e] in f for f in forms)]
         if not ends:
             return None
         end = max(ends, key=lambda e: (rendered[cur:e] == text, e))  # as sent if it can be, else the longest part
@@ -231,6 +228,20 @@ def _template_call_ids(messages: list[dict]) -> list[dict]:
 
 
 _TEMPLATE_ID = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def _without_reasoning(messages: list[dict]) -> list[dict]:
+    """`messages` with the reasoning (`<think>...</think>`) an earlier reply may carry cut off its text, as Qwen3's
+    and DeepSeek's templates show past replies. Templates that show it again branch on it (Laguna's writes other
+    markup before a reply that holds `</think>`), so a content's markup could not be told from its text; Nexus's
+    own replies carry none (thinking is closed, `enable_thinking` false)."""
+    def cut(m):
+        text = m.get("content")
+        if m.get("role") != "assistant" or not isinstance(text, str) or "</think>" not in text:
+            return m
+        return dict(m, content=text.split("</think>")[-1].lstrip())
+
+    return [cut(m) for m in messages]
 
 
 def _alternating(messages: list[dict]) -> list[dict]:

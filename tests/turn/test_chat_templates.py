@@ -290,7 +290,8 @@ def test_doctor_says_whether_the_template_renders_an_agents_conversation(tmp_pat
 def test_contents_a_template_trims_cuts_or_quotes_are_still_read_as_text(tok):
     """Templates do not all insert contents verbatim: Llama 3.1's trims them, Qwen3's cuts an earlier reply's
     reasoning off, Phi-4's writes a tool result as a JSON string. The prompt is the template's text exactly, and a
-    content's text (here one holding the model's own end-of-turn marker) is never read as markup."""
+    content's text (here one holding the model's own end-of-turn marker) is never read as markup. A past reply's
+    reasoning reaches no template (some show it again, with markup that depends on it: Laguna's, Bielik's)."""
     changing = replace(tok, chat_template=(
         "{% for m in messages %}<|im_start|>{{ m.role }}\n"
         "{% if m.role == 'tool' %}{{ m.content | tojson }}"
@@ -306,13 +307,14 @@ def test_contents_a_template_trims_cuts_or_quotes_are_still_read_as_text(tok):
     assert changing.decode(ids) == text
     end = tok.encode("<|im_end|>", special=True)
     assert len(end) == 1 and ids.count(end[0]) == 4  # the four turns' own; the user's "<|im_end|>" is text
-    laying_out = replace(tok, chat_template=(  # Bielik's: a reply's reasoning on lines of its own
+    showing = replace(tok, chat_template=(  # Laguna's: other markup before a reply that holds reasoning
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if '</think>' in m.content %}"
         "{% set parts = m.content.split('</think>') %}{{ '<think>\n' + parts[0].split('<think>')[-1].strip() + "
-        "'\n</think>\n' + parts[1].lstrip() }}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"))
-    text = laying_out.apply_chat_template(chat[2:3], False)
-    assert text == "<|im_start|>assistant\n<think>\nan easy one\n</think>\nDone.<|im_end|>\n"
-    assert laying_out.decode(laying_out.encode_chat(chat[2:3], False)) == text
+        "'\n</think>\n' + parts[1].lstrip() }}{% else %}</think>\n{{ m.content }}{% endif %}<|im_end|>\n"
+        "{% endfor %}"))
+    text = showing.apply_chat_template(chat[2:3], False)  # shown as Qwen3's shows past replies: without it
+    assert text == "<|im_start|>assistant\n</think>\nDone.<|im_end|>\n"
+    assert showing.decode(showing.encode_chat(chat[2:3], False)) == text
     rewriting = replace(tok, chat_template=changing.chat_template.replace("| trim", "| upper"))
     with pytest.raises(ModelError, match="beyond trimming"):  # a content rewritten: no safe reading, as before
         rewriting.encode_chat(chat)

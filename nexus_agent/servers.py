@@ -83,16 +83,19 @@ class ServerPool:
     server serves a tool. A remote server is "restarted" by opening a new connection and MCP session to it."""
 
     def __init__(self, commands: dict[str, ServerSpec | str], tool_server: dict[str, str],
-                 config: ServerPoolConfig | None = None):
+                 config: ServerPoolConfig | None = None, remote_names: dict[str, str] | None = None):
         self.config = config or ServerPoolConfig()
         self.tool_server = dict(tool_server)
+        self.remote_names = dict(remote_names or {})  # a tool registered as `server.name` -> its name there
         self._servers = {n: _Server(ServerCommand.parse(c) if isinstance(c, str) else c) for n, c in commands.items()}
 
     @classmethod
     def from_store(cls, store, config: ServerPoolConfig | None = None) -> "ServerPool":
         """Every registered server of a `RegistryStore` and the tools it serves."""
         commands = {s.name: s.spec() for s in store.list_servers()}
-        return cls(commands, {t.name: t.server for t in store.list_tools() if t.server}, config)
+        tools = [t for t in store.list_tools() if t.server]
+        return cls(commands, {t.name: t.server for t in tools}, config,
+                   {t.name: t.remote_name for t in tools if t.remote_name})
 
     def running(self) -> list[str]:
         return [n for n, s in self._servers.items() if s.client is not None]
@@ -134,7 +137,7 @@ class ServerPool:
                         restarted = True
                     self._stop(srv)
                     self._start(srv)
-                res = srv.client.call_tool(tool, arguments, self.config.call_timeout_s)
+                res = srv.client.call_tool(self.remote_names.get(tool, tool), arguments, self.config.call_timeout_s)
             except ServerError as e:
                 srv.broken = True
                 if "no answer within" in str(e):  # hung: keep the session going, restart before the next call

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.client import DEFAULT_TIMEOUT_S, ServerError
-from registry.model import NAME_PATTERN, ToolValidationError, check_name
+from registry.model import NAME_PATTERN, ToolValidationError, check_name, safe_name
 from registry.store import RegisterReport, RegistryStore
 from registry.transports import RemoteServer, ServerCommand, ServerSpec
 from registry.variables import expand
@@ -80,6 +80,7 @@ def read_config(path: str | Path, environ=None) -> list[ConfigEntry]:
 
 
 def _entry(name: str, raw: Any, named: dict, default_cwd: str, environ) -> ConfigEntry:
+    name = safe_name(name) or name  # a key such as "Basic Memory" names the server Basic-Memory
     try:
         check_name(name)
     except ToolValidationError:
@@ -149,6 +150,9 @@ def register_config(path: str | Path, store: RegistryStore, timeout_s: float = D
         counts = f"{len(report.added)} added, {len(report.updated)} updated, {len(report.unchanged)} unchanged"
         if report.rejected:
             counts += f", {len(report.rejected)} rejected ({report.rejected[0]})"
+        if report.renamed:
+            counts += f", {len(report.renamed)} renamed ({', '.join(q for _, q, _ in report.renamed[:3])}" + \
+                      (", ..." if len(report.renamed) > 3 else "") + ": another server has the name)"
         n = len(report.added) + len(report.updated) + len(report.unchanged)
         out.append(ConfigOutcome(entry.name, entry.transport, "registered", counts, n, report))
     return out

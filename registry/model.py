@@ -19,6 +19,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 NAME_PATTERN = r"[A-Za-z0-9_.-]{1,128}"
+
+
+def safe_name(text: str) -> str:
+    """`text` as a name of NAME_PATTERN: each run of other characters one "-" ("Basic Memory" -> "Basic-Memory",
+    the name a server may report), cut to 128; "" when nothing of it is left."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:128]
 _NAME_RE = re.compile(NAME_PATTERN + r"\Z")
 
 
@@ -160,6 +166,7 @@ class Tool(BaseModel):
     annotations: dict[str, Any] | None = None
     server: str | None = None
     schema_hash: str = ""
+    remote_name: str | None = None  # the name its server calls it by, when registered under another (qualified)
 
     @model_validator(mode="before")
     @classmethod
@@ -203,7 +210,8 @@ class Tool(BaseModel):
         if not isinstance(tool, dict):
             raise ToolValidationError("?", "$", "tool-is-object",
                                       f"a tool must be a JSON object, got {type(tool).__name__}")
-        data = {k: v for k, v in tool.items() if k not in ("server", "schema_hash", "schemaHash")}
+        data = {k: v for k, v in tool.items() if k not in ("server", "schema_hash", "schemaHash", "remoteName",
+                                                          "remote_name")}
         if server is not None:
             data["server"] = server
         try:
@@ -230,8 +238,21 @@ class Tool(BaseModel):
         return out
 
     def to_json(self) -> dict[str, Any]:
-        """The MCP form plus the registry fields `server` and `schemaHash`."""
-        return {**self.to_mcp(), "server": self.server, "schemaHash": self.schema_hash}
+        """The MCP form plus the registry fields `server`, `schemaHash` and (for a qualified name) `remoteName`."""
+        extra = {"remoteName": self.remote_name} if self.remote_name else {}
+        return {**self.to_mcp(), "server": self.server, "schemaHash": self.schema_hash, **extra}
+
+    @property
+    def server_name(self) -> str:
+        """The name its server calls it by."""
+        return self.remote_name or self.name
+
+    def qualified(self) -> "Tool":
+        """This tool as `server.name`: the name it is registered under when another source's tool has its name
+        (two servers with a `delete_note` each: `excel.delete_note` stays `delete_note`, the second becomes
+        `memory.delete_note`, called on its server as `delete_note`)."""
+        data = dict(self.to_mcp(), name=f"{self.server}.{self.name}")
+        return Tool.from_mcp(data, server=self.server).model_copy(update={"remote_name": self.name})
 
     @property
     def required(self) -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from registry.client import DEFAULT_TIMEOUT_S, ServerCommand, list_server_tools
-from registry.model import NAME_PATTERN, ToolValidationError, check_name
+from registry.model import NAME_PATTERN, ToolValidationError, check_name, safe_name
 from registry.store import RegisterReport, RegistryStore
 from registry.transports import RemoteServer, ServerSpec
 
@@ -42,7 +42,7 @@ def register_spec(spec: ServerSpec, store: RegistryStore, timeout_s: float = DEF
                   name: str | None = None) -> RegisterReport:
     """Connect to the server `spec` describes, list its tools and store them and the spec (see register_server)."""
     server_name, tools = list_server_tools(spec, timeout_s)
-    server_name = name or server_name
+    server_name = name or safe_name(server_name or "")  # the name the server reports, made one (a name given is kept)
     try:
         check_name(server_name)
     except ToolValidationError:

@@ -108,6 +108,7 @@ class RegisterReport:
     removed: list[str] = field(default_factory=list)  # gone from the server's listing (prune=True only)
     rejected: list[ToolValidationError] = field(default_factory=list)
     server: str | None = None
+    renamed: list[tuple[str, str, str | None]] = field(default_factory=list)  # (name, registered as, its owner)
 
     @property
     def ok(self) -> bool:
@@ -121,6 +122,7 @@ class RegisterReport:
             "unchanged": self.unchanged,
             "removed": self.removed,
             "rejected": [e.as_dict() for e in self.rejected],
+            "renamed": [{"name": n, "registered_as": q, "owner": o} for n, q, o in self.renamed],
         }
 
 
@@ -246,8 +248,9 @@ class RegistryStore:
         """Validate and store a batch of tools in one transaction; bad tools are reported, good ones kept.
 
         A tool whose schema hash is unchanged is left alone (re-registering is idempotent); a changed hash
-        bumps the version and so makes every derived artefact stale. A name owned by another server is
-        rejected (remove it first). With `prune=True`, tools of `server` absent from this batch are removed.
+        bumps the version and so makes every derived artefact stale. A server's tool whose name another source
+        has is registered as `server.name` (`Tool.qualified`, reported in `renamed`); a file's is rejected
+        (remove the other first). With `prune=True`, tools of `server` absent from this batch are removed.
         """
         report = RegisterReport(server=server)
         valid: list[Tool] = []
@@ -280,6 +283,18 @@ class RegistryStore:
             for tool in valid:
                 row = self.db.execute("SELECT server, version, schema_hash FROM tools WHERE name = ?",
                                       (tool.name,)).fetchone()
+                if row is not None and row[0] != server and server is not None:
+                    try:
+                        qualified = tool.qualified()
+                    except ToolValidationError as e:
+                        report.rejected.append(e)
+                        continue
+                    report.renamed.append((tool.name, qualified.name, row[0]))
+                    given[qualified.name] = given[tool.name]
+                    seen.add(qualified.name)
+                    tool = qualified
+                    row = self.db.execute("SELECT server, version, schema_hash FROM tools WHERE name = ?",
+                                          (tool.name,)).fetchone()
                 if row is not None and row[0] != server:
                     owner = f"server {row[0]!r}" if row[0] else "a file or function source"
                     report.rejected.append(ToolValidationError(
@@ -486,5 +501,5 @@ def _load(data: str) -> Tool:
     return Tool.model_construct(
         name=d["name"], title=d.get("title"), description=d.get("description") or "",
         input_schema=d["inputSchema"], output_schema=d.get("outputSchema"), annotations=d.get("annotations"),
-        server=d.get("server"), schema_hash=d["schemaHash"],
+        server=d.get("server"), schema_hash=d["schemaHash"], remote_name=d.get("remoteName"),
     )

@@ -9,8 +9,10 @@ the environment each time the server is started or connected to.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
+import shutil
 import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -22,6 +24,14 @@ from registry.variables import expand_values
 PASSED_ENV = ("PYTHONPATH", "NEXUS_HOME", "VIRTUAL_ENV", "TMPDIR")
 TRANSPORTS = ("stdio", "http", "sse")  # as stored in the registry's `servers.transport`
 SSE_READ_TIMEOUT_S = 300.0  # an open response stream may be quiet this long (the call timeout still applies)
+
+
+def _python(name: str, args: list[str], path: str | None) -> str:
+    """The interpreter a bare `python` in a server command means (`ServerCommand.parse`)."""
+    module = args[1] if len(args) > 1 and args[0] == "-m" else None
+    if module is None or importlib.util.find_spec(module.split(".")[0]) is not None:
+        return sys.executable
+    return shutil.which(name, path=path) or sys.executable
 
 
 @dataclass
@@ -37,13 +47,16 @@ class ServerCommand:
 
     @classmethod
     def parse(cls, command: str, cwd: str | None = None, env: dict[str, str] | None = None) -> "ServerCommand":
-        """From a shell-style command line. A bare `python`/`python3` means this interpreter, so bundled
-        servers run in the same environment as Nexus."""
+        """From a shell-style command line. A bare `python`/`python3` is this interpreter (bundled servers run in
+        Nexus's environment), except for `python -m MODULE` where this interpreter has no MODULE and the
+        `python` on PATH is another: that one, as an MCP client would start it (a server installed in its own
+        virtualenv, its `bin` on PATH)."""
         argv = shlex.split(command)
         if not argv:
             raise ValueError("empty server command; pass e.g. --server 'python -m registry.servers.calculator'")
         if argv[0] in ("python", "python3"):
-            argv[0] = sys.executable
+            path = (env or {}).get("PATH")
+            argv[0] = _python(argv[0], argv[1:], path if path and "${" not in path else None)
         return cls(argv=argv, cwd=cwd, env=dict(env or {}), line=command)
 
     @property

@@ -95,3 +95,27 @@ def test_nexus_mcp_over_streamable_http(nexus_home, http_server):
         assert not r.is_error and r.structured == {"result": 1024}
         bad = client.call_tool("call_tool", {"name": "evaluate", "arguments": {"expr": "1"}})
         assert bad.is_error and "'expression' is a required property" in bad.text
+
+
+def test_a_second_servers_tool_of_the_same_name_is_reached_under_its_servers_name(nexus_home):
+    """The same real server registered twice (as `calc` and `calc2`): every tool of the second has a name the
+    first holds, so it is registered as `calc2.NAME` and called on the second server by its own name."""
+    from nexus_agent.servers import ServerPool
+
+    with RegistryStore() as store:
+        register_server("python -m registry.servers.calculator", store, cwd=str(REPO), name="calc")
+        report = register_server("python -m registry.servers.calculator", store, cwd=str(REPO), name="calc2")
+        assert report.ok and ("multiply", "calc2.multiply", "calc") in report.renamed
+        assert {"multiply", "calc2.multiply"} <= {t.name for t in store.list_tools()}
+        pool = ServerPool.from_store(store)
+        try:
+            obs = pool.call("calc2.multiply", {"a": 6, "b": 7})
+            assert obs.status == "ok" and "42" in obs.text and pool.running() == ["calc2"]
+        finally:
+            pool.close()
+        gateway = Gateway(store, config=GatewayConfig(list_limit=0))
+        try:
+            assert gateway.handle("call_tool", {"name": "calc2.add", "arguments": {"a": 2, "b": 3}}).value == \
+                {"result": 5}
+        finally:
+            gateway.close()

@@ -86,7 +86,8 @@ def test_entry_errors_name_the_entry(tmp_path):
         "no-url": {"type": "sse"},
         "undefined": {"url": "https://${NEXUS_TEST_UNSET_HOST}/mcp"},
         "prompted": {"url": "https://example.test/mcp", "headers": {"Authorization": "${input:token}"}},
-        "bad name!": {"command": "x"},
+        "Basic Memory!": {"command": "x"},
+        "!!!": {"command": "x"},
         "defaulted": {"url": "https://${NEXUS_TEST_UNSET_HOST:-example.test}/mcp", "type": "streamable-http"},
         "legacy": {"url": "http://127.0.0.1:1/sse", "type": "sse", "headers": {"K": "${env:HOME}"}},
         "stdio-cmd": {"command": "npx", "args": ["-y", "@scope/server"], "env": {"A": "1"}},
@@ -96,7 +97,8 @@ def test_entry_errors_name_the_entry(tmp_path):
     assert "type 'sse' needs a `url`" in entries["no-url"].error
     assert "environment variable NEXUS_TEST_UNSET_HOST is not set" in entries["undefined"].error
     assert "cannot expand ${input:token}" in entries["prompted"].error
-    assert "not a safe identifier" in entries["bad name!"].error
+    assert entries["Basic-Memory"].spec.argv == ["x"]  # a key made a name: its other characters one "-"
+    assert "not a safe identifier" in entries["!!!"].error
     assert entries["defaulted"].spec == RemoteServer("https://example.test/mcp", "http", {})
     assert entries["legacy"].spec == RemoteServer("http://127.0.0.1:1/sse", "sse", {"K": "${env:HOME}"})
     assert entries["stdio-cmd"].spec == ServerCommand(["npx", "-y", "@scope/server"], str(tmp_path), {"A": "1"},
@@ -125,3 +127,29 @@ def test_server_that_fails_to_start_is_skipped(store, tmp_path):
     assert outcomes["dies"].status == "failed" and "failed to start" in outcomes["dies"].detail
     assert outcomes["dies"].detail.endswith("server stderr (last lines):\n    no token")  # why it died
     assert outcomes["calc"].status == "registered" and [s.name for s in store.list_servers()] == ["calc"]
+
+
+def test_a_bare_python_runs_the_server_installed_on_path(nexus_home, tmp_path):
+    """A config's `python -m MODULE` where Nexus's interpreter has no MODULE is the `python` on PATH, as an MCP
+    client starts it (a server installed in its own virtualenv): before, Nexus's own interpreter ran it and
+    failed with "No module named ...". A module Nexus's interpreter has (a bundled server) still runs there."""
+    import sysconfig
+    import venv
+
+    other = tmp_path / "other-venv"
+    venv.EnvBuilder(with_pip=False).create(other)
+    site = Path(sysconfig.get_path("purelib", vars={"base": str(other), "platbase": str(other)}))
+    (site / "nexus_deps.pth").write_text(f"{sysconfig.get_path('purelib')}\n{REPO}\n")  # the mcp package, the repo
+    (site / "elsewhere_calculator.py").write_text(
+        "import runpy\nrunpy.run_module('registry.servers.calculator', run_name='__main__')\n")
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {
+        "elsewhere": {"command": "python", "args": ["-m", "elsewhere_calculator"]},
+        "bundled": {"command": "python", "args": ["-m", "registry.servers.units"], "cwd": str(REPO)}}}))
+    path = f"{other / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    r = nexus("register", "--config", str(config), "--json", home=nexus_home, env={"PATH": path})
+    status = {s["server"]: (s["status"], s["tools"]) for s in json.loads(r.stdout)["servers"]}
+    assert status == {"elsewhere": ("registered", 4), "bundled": ("registered", 2)}, r.stderr
+    assert ServerCommand.parse("python -m elsewhere_calculator", env={"PATH": path}).argv[0] == \
+        str(other / "bin" / "python")
+    assert ServerCommand.parse("python -m registry.servers.units").argv[0] == sys.executable

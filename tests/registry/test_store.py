@@ -86,13 +86,21 @@ def test_bad_tools_are_reported_and_good_ones_kept(store):
     assert [t.name for t in store.list_tools()] == ["good", "keep"]
 
 
-def test_name_owned_by_another_server_is_rejected(store):
+def test_a_name_another_server_has_is_registered_under_its_server(store):
+    """Two servers with a tool of one name (excel's and basic-memory's `delete_note`): the second is registered as
+    `server.name`, called on its server by its own name, re-registered unchanged; a file's tool is refused."""
     store.upsert_server("s1", "cmd1")
     store.upsert_server("s2", "cmd2")
     store.add_tools([tool_dict("shared")], server="s1")
-    report = store.add_tools([tool_dict("shared")], server="s2")
+    report = store.add_tools([tool_dict("shared"), tool_dict("own")], server="s2", prune=True)
+    assert report.ok and report.added == ["s2.shared", "own"] and report.renamed == [("shared", "s2.shared", "s1")]
+    second = store.get_tool("s2.shared")
+    assert (second.server, second.remote_name, second.server_name) == ("s2", "shared", "shared")
+    assert store.get_tool("shared").server == "s1" and store.get_tool("shared").remote_name is None
+    again = store.add_tools([tool_dict("shared"), tool_dict("own")], server="s2", prune=True)
+    assert sorted(again.unchanged) == ["own", "s2.shared"] and not again.removed and not again.added
+    report = store.add_tools([tool_dict("shared")])  # a file's tool has no server to be named by
     assert report.rejected[0].rule == "unique-name" and "s1" in report.rejected[0].message
-    assert store.get_tool("shared").server == "s1"
 
 
 def test_prune_removes_tools_the_server_dropped(store):

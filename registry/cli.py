@@ -32,6 +32,9 @@ def register(subparsers) -> None:
     p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
                    help="--url only: an HTTP header to send (repeatable); ${VAR} is read from the environment at "
                    "each connection and stored unexpanded")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="--server only: an environment variable the server starts with (repeatable); ${VAR} is read "
+                   "from the environment at each start and stored unexpanded")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for the server (default 20)")
     p.add_argument("--json", action="store_true", help="print the registration report as JSON")
     p.set_defaults(func=cmd_register)
@@ -104,9 +107,12 @@ def cmd_register(args) -> int:
                                          args.name)
             else:
                 command = args.server or command_for(args.bundled)
-                report = register_server(command, store, timeout_s=args.timeout, name=args.name)
-        except ServerError as e:
+                report = register_server(command, store, timeout_s=args.timeout, name=args.name,
+                                         env=_env(args.env))
+        except (ServerError, ValueError) as e:
             print(f"nexus register: error: {e}", file=sys.stderr)
+            if args.json:  # the failure as JSON too, for a script reading stdout
+                print(json.dumps({"error": str(e)}, indent=2))
             return 1
         warnings = _after_register(store, report) if report.added or report.updated else []
     for w in warnings:
@@ -130,6 +136,17 @@ def renamed_lines(report) -> list[str]:
     """One line per tool registered under its server's name, as `RegisterReport.renamed` records them."""
     return [f"{name!r} is registered as {qualified!r}: {'server ' + repr(owner) if owner else 'a file'} has a tool "
             f"named {name!r} (its server is still called with {name!r})" for name, qualified, owner in report.renamed]
+
+
+def _env(items: list[str]) -> dict[str, str]:
+    """`--env NAME=VALUE` options as a dict; an item without "=" or with a bad name is a ValueError."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise ValueError(f"--env {item!r}: expected NAME=VALUE, e.g. OBSIDIAN_API_KEY=${{OBSIDIAN_API_KEY}}")
+        out[name] = value
+    return out
 
 
 def _headers(lines: list[str]) -> dict[str, str]:

@@ -21,7 +21,7 @@ __all__ = ["PASSED_ENV", "CallResult", "RemoteServer", "ServerCommand", "ServerE
 
 DEFAULT_TIMEOUT_S = 20.0
 STDERR_LINES = 10  # a stdio server's last non-blank stderr lines quoted in its ServerError ...
-STDERR_LINE_CHARS = 240  # ... each stripped and cut to this many characters
+STDERR_LINE_CHARS = 240  # ... each cut to this many characters (indentation kept: a traceback stays readable)
 STDERR_TAIL_BYTES = 64 * 1024  # read from the end of its stderr file (a long-running server may have logged a lot)
 
 
@@ -149,14 +149,14 @@ class ToolClient:
 
 
 def stderr_tail(errlog, lines: int = STDERR_LINES) -> list[str]:
-    """The last `lines` non-blank lines of a binary stderr file, each stripped and cut to STDERR_LINE_CHARS."""
+    """The last `lines` non-blank lines of a binary stderr file, each right-stripped and cut to STDERR_LINE_CHARS."""
     errlog.flush()
     size = errlog.seek(0, 2)
     errlog.seek(max(0, size - STDERR_TAIL_BYTES))
     text = errlog.read().decode("utf-8", errors="replace").splitlines()
     if size > STDERR_TAIL_BYTES:
         text = text[1:]  # the first line read may be cut
-    kept = [line.strip() for line in text if line.strip()][-lines:]
+    kept = [line.rstrip() for line in text if line.strip()][-lines:]
     return [line if len(line) <= STDERR_LINE_CHARS else line[: STDERR_LINE_CHARS - 1] + "…" for line in kept]
 
 

@@ -21,15 +21,16 @@ from registry.transports import RemoteServer, ServerSpec
 
 def register_server(
     command: str, store: RegistryStore, timeout_s: float = DEFAULT_TIMEOUT_S, name: str | None = None,
-    cwd: str | None = None,
+    cwd: str | None = None, env: dict[str, str] | None = None,
 ) -> RegisterReport:
     """Start `command` (a shell-style line) as an MCP stdio server, list all its tools (paginated), store them
     under the server's name (its handshake name unless `name` is given) and record how to start it again.
 
     Tools the server no longer lists are removed; changed ones get a new version. Raises ServerError if the
-    server cannot be started or does not answer within `timeout_s` seconds (nothing is written then).
+    server cannot be started or does not answer within `timeout_s` seconds (nothing is written then). `env`:
+    variables the server starts with (values may hold `${VAR}`, resolved at each start and stored as written).
     """
-    return register_spec(ServerCommand.parse(command, cwd=cwd or os.getcwd()), store, timeout_s, name)
+    return register_spec(ServerCommand.parse(command, cwd=cwd or os.getcwd(), env=env), store, timeout_s, name)
 
 
 def register_remote(url: str, store: RegistryStore, transport: str = "http", headers: dict[str, str] | None = None,

@@ -132,8 +132,8 @@ def _check_duplicates(store, report) -> list[str]:
     if len(changed) > CHECK_MAX_TOOLS:
         return [f"{len(changed)} tools changed: near-duplicates not checked now; run `nexus tools duplicates`"]
     pairs = build(store).duplicates
-    return [f"{a} and {b} look like near-duplicates (cosine {c:.2f}): routing between them is arbitrary; remove "
-            "one or make their descriptions distinct" for a, b, c in pairs if a in changed or b in changed]
+    return [f"{a} and {b} look like near-duplicates (cosine {c:.2f}): routing between them rests on the words "
+            "that differ; if they do the same job, remove one" for a, b, c in pairs if a in changed or b in changed]
 
 
 def _duplicates(args: argparse.Namespace) -> int:

@@ -68,8 +68,8 @@ def test_server_that_dies_at_start_shows_its_last_stderr_lines(nexus_home, tmp_p
     r = nexus("register", "--server", f"python {script}", "--timeout", "20", home=nexus_home)
     assert r.returncode == 1 and "failed to start" in r.stderr, r.stderr
     quoted = r.stderr.split("server stderr (last lines):")[1].splitlines()[1:]
-    assert [line.strip() for line in quoted] == [f"traceback line {i}" for i in range(3, 12)] + [
-        "AttributeError: 'Server' object has no attribute 'list_resources'"]  # the last 10, stripped
+    assert quoted == [f"      traceback line {i}" for i in range(3, 12)] + [
+        "    AttributeError: 'Server' object has no attribute 'list_resources'"]  # the last 10, indentation kept
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"duck": {"command": "python", "args": [str(script)]}}}))
     r = nexus("register", "--config", str(config), "--timeout", "20", home=nexus_home)
@@ -91,3 +91,17 @@ def test_tool_text_is_never_read_as_rich_markup(nexus_home, tmp_path):
     assert "files: [str]" in listed.stdout, listed.stdout
     shown = nexus("tools", "show", "git_add", home=nexus_home).stdout
     assert "[bold]files[/bold]" in shown and "[link=x]commit[/link]" in shown and "files: [str]" in shown
+
+
+def test_a_servers_environment_is_given_with_env(nexus_home):
+    """`--env NAME=VALUE` (as a config file's `env`): stored as written (`${VAR}` resolved at each start), shown
+    by `servers list --json`; a malformed one is refused naming it; with --json a failure is JSON too."""
+    r = nexus("register", "--server", "python -m registry.servers.calculator", "--env", "TOKEN=${HOME}",
+              "--env", "MODE=fast", home=nexus_home)
+    assert r.returncode == 0, r.stderr
+    servers = {s["name"]: s for s in json.loads(nexus("servers", "list", "--json", home=nexus_home).stdout)}
+    assert servers["calculator"]["env"] == {"TOKEN": "${HOME}", "MODE": "<set>"}  # a literal value is not shown
+    r = nexus("register", "--server", "python -m registry.servers.calculator", "--env", "NO_EQUALS", "--json",
+              home=nexus_home)
+    assert r.returncode == 1 and "--env 'NO_EQUALS': expected NAME=VALUE" in r.stderr
+    assert "expected NAME=VALUE" in json.loads(r.stdout)["error"]

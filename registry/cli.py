@@ -140,22 +140,20 @@ def renamed_lines(report) -> list[str]:
 
 def _env(items: list[str]) -> dict[str, str]:
     """`--env NAME=VALUE` options as a dict; an item without "=" or with a bad name is a ValueError."""
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.isidentifier():
-            raise ValueError(f"--env {item!r}: expected NAME=VALUE, e.g. OBSIDIAN_API_KEY=${{OBSIDIAN_API_KEY}}")
-        out[name] = value
-    return out
+    return _pairs(items, "--env", "=", "NAME=VALUE, e.g. OBSIDIAN_API_KEY=${OBSIDIAN_API_KEY}", str.isidentifier)
 
 
 def _headers(lines: list[str]) -> dict[str, str]:
     """`--header 'Name: value'` options as a dict; a line without a colon is a ValueError."""
+    return _pairs(lines, "--header", ":", "'Name: value', e.g. 'Authorization: Bearer ${TOKEN}'", bool)
+
+
+def _pairs(items: list[str], flag: str, sep: str, expected: str, valid) -> dict[str, str]:
     out = {}
-    for line in lines:
-        name, sep, value = line.partition(":")
-        if not sep or not name.strip():
-            raise ValueError(f"--header {line!r}: expected 'Name: value', e.g. 'Authorization: Bearer ${{TOKEN}}'")
+    for item in items:
+        name, found, value = item.partition(sep)
+        if not found or not valid(name.strip()):
+            raise ValueError(f"{flag} {item!r}: expected {expected}")
         out[name.strip()] = value.strip()
     return out
 

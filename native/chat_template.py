@@ -248,11 +248,14 @@ def _alternating(messages: list[dict]) -> list[dict]:
     """`messages` as templates that take user and assistant turns in alternation take them (Gemma's, Mistral's
     first ones): a system message only first (a later one is a user turn), consecutive turns of one role one turn
     (their texts a blank line apart, their calls in order: two tool results rendered as user turns, a developer and
-    a system message), and a user turn before a first assistant turn (an empty one)."""
+    a system message), a user turn before a first assistant turn and an assistant turn between a tool result and
+    a user turn (empty ones: Mistral's templates count the turns around calls and results)."""
     out: list[dict] = []
     for m in messages:
         if m["role"] == "system" and out and out[-1]["role"] != "system":
             m = dict(m, role="user")
+        if m["role"] == "user" and out and out[-1]["role"] == "tool":
+            out.append({"role": "assistant", "content": ""})
         if out and out[-1]["role"] == m["role"] and m["role"] in ("system", "user", "assistant"):
             prev = out.pop()
             m = dict(prev, content="\n\n".join(t for t in (prev.get("content"), m.get("content")) if t),

@@ -40,6 +40,11 @@ MISTRAL = (
     "{% elif m.role == 'tool' %}[TOOL_RESULTS] {\"call_id\": \"{{ m.tool_call_id }}\", \"content\": "
     "{{ m.content | tojson }}}[/TOOL_RESULTS]{% else %}{{ m.content }}{% endif %}{% endfor %}")
 
+MISTRAL_ALTERNATING = MISTRAL.replace("{% for m in messages %}", (  # Mistral 3's: turns alternate, calls aside
+    "{% for m in messages | rejectattr('role', 'equalto', 'tool') | rejectattr('tool_calls') %}"
+    "{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('roles must alternate') }}"
+    "{% endif %}{% endfor %}{% for m in messages %}"), 1)
+
 GEMMA = (
     "{{ bos_token }}{% if messages[0].role == 'system' %}{% set first = messages[0].content + '\n\n' %}"
     "{% set rest = messages[1:] %}{% else %}{% set first = '' %}{% set rest = messages %}{% endif %}"
@@ -144,6 +149,25 @@ def test_turns_reach_a_template_that_takes_them_in_alternation_as_it_takes_them(
     with pytest.raises(TemplateRefusal, match="must alternate"):  # what no shape fixes stays the template's error
         gemma.apply_chat_template([{"role": "user", "content": "Hi"}, {"role": "tool", "content": "3 C"},
                                    {"role": "tool", "content": "18 C"}])  # results are never joined
+
+
+def test_a_follow_up_right_after_tool_results_reaches_a_template_that_counts_turns(tok):
+    """Mistral's templates check that user and assistant turns alternate, calls and results aside: a user turn
+    right after tool results (no answer between: the doctor's conversation, a client that drops the answer) was
+    refused (HTTP 400). Where the template refuses it, an empty assistant turn stands between."""
+    import jinja2
+
+    chat = template_messages(HELD[:-1] + [{"role": "user", "content": "And in Paris?"}])
+
+    def refuse(message):
+        raise ValueError(message)
+
+    plain = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    plain.globals["raise_exception"] = refuse
+    with pytest.raises(ValueError, match="roles must alternate"):  # as sent, the template refuses it
+        plain.from_string(MISTRAL_ALTERNATING).render(messages=chat, tools=TOOLS, bos_token="", eos_token="")
+    text = replace(tok, chat_template=MISTRAL_ALTERNATING).apply_chat_template(chat, True, tools=TOOLS)
+    assert text.count("[TOOL_RESULTS]") == 2 and text.endswith("[/AVAILABLE_TOOLS][INST] And in Paris?[/INST]")
 
 
 def test_what_templates_call_beside_jinja_is_there(tok):
@@ -376,19 +400,19 @@ def test_a_template_that_renders_a_lone_system_message_otherwise_is_served(tmp_p
 
 
 def test_a_reading_the_template_refuses_is_not_read(llamacpp_backend):
-    """p(call) is also read on the conversation without its prose (`readings`); Mistral 3's template refuses that
-    one where it no longer alternates (two user turns once the prose between them is gone). That reading is
-    skipped, and the request is decided on the others (it was an HTTP 400 before)."""
+    """p(call) is also read on the conversation without its prose (`readings`); a template may refuse that one in
+    every shape (here: calls with no answer after them; Mistral 3's refused it for its alternation before an empty
+    assistant turn was given it). That reading is skipped, and the request is decided on the others (it was an
+    HTTP 400 before)."""
     from nexus_agent.turn.decide import Candidate, Decider
     from nexus_agent.turn.engine import reading_prompts, readings
     from nexus_agent.turn.profile import DecideProfile
     from registry.model import Tool
 
-    alternating = MISTRAL.replace("{% for m in messages %}", (
-        "{% for m in messages | rejectattr('role', 'equalto', 'tool') | rejectattr('tool_calls') %}"
-        "{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('roles must alternate') }}"
-        "{% endif %}{% endfor %}{% for m in messages %}"), 1)
-    tok = replace(llamacpp_backend.tokenizer, chat_template=alternating)
+    answered = ("{% if messages | selectattr('role', 'equalto', 'tool') | list and not messages | selectattr('role', "
+                "'equalto', 'assistant') | rejectattr('tool_calls') | selectattr('content') | list %}"
+                "{{ raise_exception('an answer must follow tool results') }}{% endif %}")
+    tok = replace(llamacpp_backend.tokenizer, chat_template=answered + MISTRAL)
     decider = Decider(llamacpp_backend, DecideProfile(), probe_call_format(tok))
     decider.tok = tok  # the prompts are rendered with the Mistral-format template over the packaged model
     chat = HELD[:-1] + [{"role": "assistant", "content": "3 C in Oslo, 18 C in Rome."},

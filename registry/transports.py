@@ -10,6 +10,7 @@ the environment each time the server is started or connected to.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shlex
 import shutil
@@ -24,6 +25,25 @@ from registry.variables import expand_values
 PASSED_ENV = ("PYTHONPATH", "NEXUS_HOME", "VIRTUAL_ENV", "TMPDIR")
 TRANSPORTS = ("stdio", "http", "sse")  # as stored in the registry's `servers.transport`
 SSE_READ_TIMEOUT_S = 300.0  # an open response stream may be quiet this long (the call timeout still applies)
+
+
+class _NotJsonRpc(logging.Filter):
+    """The MCP SDK logs a traceback for each line a stdio server writes to stdout that is not JSON-RPC (a banner, a
+    stray print) and goes on without it: one warning naming the line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and str(record.msg).startswith("Failed to parse JSONRPC message"):
+            error = record.exc_info[1]
+            errors = error.errors() if hasattr(error, "errors") else [{}]
+            line = str((errors[0] if errors else {}).get("input", error))
+            record.msg, record.args = "an MCP server wrote a line to stdout that is not JSON-RPC (ignored): %r", (
+                line[:200],)
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+logging.getLogger("mcp.client.stdio").addFilter(_NotJsonRpc())
 
 
 def _python(name: str, args: list[str], path: str | None) -> str:

@@ -105,3 +105,15 @@ def test_a_servers_environment_is_given_with_env(nexus_home):
               home=nexus_home)
     assert r.returncode == 1 and "--env 'NO_EQUALS': expected NAME=VALUE" in r.stderr
     assert "expected NAME=VALUE" in json.loads(r.stdout)["error"]
+
+
+def test_a_server_that_prints_a_banner_to_stdout_registers_with_one_warning(nexus_home, tmp_path):
+    """A stdio server that writes a line of its own to stdout before speaking JSON-RPC: the SDK skips the line
+    (and logged a traceback for it); one warning names it now, and the server registers."""
+    script = tmp_path / "banner.py"
+    script.write_text("import runpy\nprint('Starting the calculator server v1.0 ...', flush=True)\n"
+                      "runpy.run_module('registry.servers.calculator', run_name='__main__')\n")
+    r = nexus("register", "--server", f"python {script}", home=nexus_home)
+    assert r.returncode == 0 and "4 added" in r.stdout, r.stderr
+    assert "not JSON-RPC (ignored): 'Starting the calculator server v1.0 ...'" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -213,6 +213,10 @@ def parse_request(body: Any, model_ids: set[str], cache: ToolCache) -> ChatReque
     req = ChatRequest(model=model, messages=_messages(body["messages"]))
     if body.get("n") not in (None, 1):
         raise bad("only n=1 is supported", "n")
+    for legacy, current in (("functions", "tools"), ("function_call", "tool_choice")):
+        if body.get(legacy) is not None:  # served without them, a legacy client would get no call and no error
+            raise bad(f"{legacy} is OpenAI's deprecated form: send {current} (a function tool: "
+                      '{"type": "function", "function": {...}})', legacy)
     raw_tools = body.get("tools") or []
     if not isinstance(raw_tools, list):
         raise bad("tools must be a list", "tools")

@@ -206,6 +206,10 @@ def test_bad_requests_get_openai_error_shapes(serve_url):
     _error(post(serve_url, {"model": "smollm2", "messages": ASK}, key="sk-wrong"), 401, "invalid_api_key")
     _error(post(serve_url, b"{" + b" " * (1 << 20) + b"}"), 413, "request_too_large")
     _error(post(serve_url, {"model": "smollm2", "messages": ASK, "temperature": "hot"}), 400, param="temperature")
+    legacy = _error(post(serve_url, {"model": "smollm2", "messages": ASK, "functions": [ADD["function"]]}), 400,
+                    param="functions")  # the deprecated form: served without it, the client would get no call
+    assert "send tools" in legacy["message"]
+    _error(post(serve_url, {"model": "smollm2", "messages": ASK, "function_call": "auto"}), 400, param="function_call")
     _error(post(serve_url, {}, path="/v1/nope"), 404, "not_found")
     with pytest.raises(urllib.error.HTTPError) as denied:
         urllib.request.urlopen(f"{serve_url}/v1/nexus/stats", timeout=10)

@@ -115,12 +115,17 @@ class Engine:
     def _warm_up(self) -> None:
         """Compile the Numba scan and build llguidance's tokenizer and the copy index now (seconds), not on the
         first request: one routing and one argument decode of a one-parameter tool."""
+        from native.base import ModelError, TemplateRefusal
         from nexus_agent.arguments.copy_sources import Source
         from registry.model import Tool
 
         tool = Tool.from_mcp(_WARMUP)
         self.router_for([tool]).route("warm up")
-        self.decoder.decode(tool, "Say hi", [], [Source("request", "Say hi")])
+        try:
+            self.decoder.decode(tool, "Say hi", [], [Source("request", "Say hi")])
+        except TemplateRefusal as e:  # it would fail every request: say so at start, with the way out
+            raise ModelError(f"this model's chat template fails on a plain conversation ({e}); start with "
+                             "--chat-template FILE (a template that works for this model)") from None
         self.trace.events.clear()
 
     # -- tools and routing ------------------------------------------------------------------------------------

@@ -454,6 +454,10 @@ def test_a_chat_template_given_at_start_replaces_the_models_own(tmp_path):
         r = client.chat.completions.create(model="failing", messages=SENT[:-1] + [{"role": "user", "content": "Hi"}],
                                            tools=TOOLS, max_tokens=4)
         assert r.choices[0].message.tool_calls or r.choices[0].message.content is not None
+    out = subprocess.run([sys.executable, "-m", "nexus_agent.cli", "serve", "--model", path, "--port", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, NEXUS_HOME=str(home),
+                                                                                PYTHONPATH=str(ROOT)))
+    assert out.returncode != 0 and "'functions' is undefined" in out.stderr and "--chat-template FILE" in out.stderr
     for bad, words in ((str(tmp_path / "missing.jinja"), "no such file"), ("{% if %}", "does not compile")):
         out = subprocess.run([sys.executable, "-m", "nexus_agent.cli", "serve", "--model", path, "--chat-template",
                               bad, "--port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120,

@@ -95,7 +95,7 @@ class ServerPool:
         commands = {s.name: s.spec() for s in store.list_servers()}
         tools = [t for t in store.list_tools() if t.server]
         return cls(commands, {t.name: t.server for t in tools}, config,
-                   {t.name: t.remote_name for t in tools if t.remote_name})
+                   {t.name: t.server_name for t in tools if t.remote_name})
 
     def running(self) -> list[str]:
         return [n for n, s in self._servers.items() if s.client is not None]

@@ -19,13 +19,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 NAME_PATTERN = r"[A-Za-z0-9_.-]{1,128}"
+_NAME_RE = re.compile(NAME_PATTERN + r"\Z")
 
 
 def safe_name(text: str) -> str:
     """`text` as a name of NAME_PATTERN: each run of other characters one "-" ("Basic Memory" -> "Basic-Memory",
     the name a server may report), cut to 128; "" when nothing of it is left."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:128]
-_NAME_RE = re.compile(NAME_PATTERN + r"\Z")
 
 
 @dataclass(frozen=True)

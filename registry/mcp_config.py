@@ -21,7 +21,8 @@ from typing import Any
 
 from registry.client import DEFAULT_TIMEOUT_S, ServerError
 from registry.model import NAME_PATTERN, ToolValidationError, check_name, safe_name
-from registry.store import RegisterReport, RegistryStore
+from registry.records import RegisterReport
+from registry.store import RegistryStore
 from registry.transports import RemoteServer, ServerCommand, ServerSpec
 from registry.variables import expand
 

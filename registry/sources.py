@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 from registry.client import DEFAULT_TIMEOUT_S, ServerCommand, list_server_tools
 from registry.model import NAME_PATTERN, ToolValidationError, check_name, safe_name
-from registry.store import RegisterReport, RegistryStore
+from registry.records import RegisterReport
+from registry.store import RegistryStore
 from registry.transports import RemoteServer, ServerSpec
 
 

@@ -1,23 +1,7 @@
 """The registry store: one SQLite file (WAL) holding servers, tools, schema versions and artefact freshness.
 
-Tables:
-- `servers(name, command, cwd, transport, url, headers, env, ...)`: how to reach each registered MCP server
-  again: a stdio command line (run in `cwd` with the extra `env`), or a remote `url` (transport `http` for
-  streamable HTTP or `sse`) sent `headers`. `headers` and `env` are JSON objects whose `${VAR}` references are
-  kept unexpanded (registry.transports). Registries written before remote servers existed gain the columns on
-  open (schema version 1 -> 2, every row kept as a stdio server).
-- `tools(name, server, version, schema_hash, data)`: the current version of each tool (`data` is its JSON).
-- `tool_versions(tool, version, schema_hash, data)`: every version ever registered, for audit and rollback.
-- `artefacts(tool, kind, schema_hash)`: which schema hash a derived artefact of `kind` (e.g. "embedding",
-  "kv_block") was built from. A tool is stale for a kind when that row is missing or its hash differs from the
-  tool's current hash, so a schema change marks every artefact stale without touching this table.
-- `examples(tool, text, source, schema_hash, checksum)`: example requests per tool (registry.examples):
-  templated at registration, given by users, or learned from confirmed calls. A schema change deletes the
-  tool's examples and templates new ones; a row whose checksum does not match is never returned (the tool's
-  examples are rebuilt from its schema and the damage is reported).
-
-Every write is one `BEGIN IMMEDIATE` transaction, so concurrent writers from several processes serialize on
-SQLite's lock (with a busy timeout) instead of interleaving.
+The tables, the schema version and the write transaction are `registry.store_sql`'s; the records it returns
+(`RegisterReport`, `ServerRecord`) are `registry.records`'.
 """
 
 from __future__ import annotations
@@ -25,134 +9,24 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from registry.examples import SOURCES, Example, example_checksum, normalize_example, template_examples
 from registry.home import home_path
 from registry.model import Tool, ToolValidationError, canonical_json
+from registry.records import RegisterReport, ServerRecord
 from registry.sqlite_wal import use_wal
+from registry.store_sql import SCHEMA, SCHEMA_VERSION, RegistryBusyError, Transaction, load_tool, migrate
+
+__all__ = ["MAX_LEARNED", "SCHEMA_VERSION", "ExamplesCorruptWarning", "RegisterReport", "RegistryBusyError",
+           "RegistryStore", "ServerRecord"]
 
 MAX_LEARNED = 32  # learned examples kept per tool (the oldest go first)
 
 
 class ExamplesCorruptWarning(UserWarning):
     """Stored example rows of a tool failed their checksum: they were dropped and rebuilt from the schema."""
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS servers (
-    name TEXT PRIMARY KEY,
-    command TEXT NOT NULL,
-    cwd TEXT,
-    transport TEXT NOT NULL DEFAULT 'stdio',
-    url TEXT,
-    headers TEXT,
-    env TEXT,
-    registered_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tools (
-    name TEXT PRIMARY KEY,
-    server TEXT REFERENCES servers(name) ON DELETE SET NULL,
-    version INTEGER NOT NULL,
-    schema_hash TEXT NOT NULL,
-    data TEXT NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS tools_server ON tools(server);
-CREATE TABLE IF NOT EXISTS tool_versions (
-    tool TEXT NOT NULL,
-    version INTEGER NOT NULL,
-    schema_hash TEXT NOT NULL,
-    data TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    PRIMARY KEY (tool, version)
-);
-CREATE TABLE IF NOT EXISTS examples (
-    tool TEXT NOT NULL,
-    text TEXT NOT NULL,
-    source TEXT NOT NULL,
-    schema_hash TEXT NOT NULL,
-    checksum TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    PRIMARY KEY (tool, text)
-);
-CREATE TABLE IF NOT EXISTS artefacts (
-    tool TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    schema_hash TEXT NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (tool, kind)
-);
-"""
-
-
-SCHEMA_VERSION = 2
-SERVER_COLUMNS = (  # added in version 2, with their SQL definitions
-    ("transport", "TEXT NOT NULL DEFAULT 'stdio'"), ("url", "TEXT"), ("headers", "TEXT"), ("env", "TEXT"),
-)
-
-
-class RegistryBusyError(ValueError):
-    """Another process held the registry's write lock for longer than the busy timeout; nothing was written."""
-
-
-@dataclass
-class RegisterReport:
-    """What one registration did: tool names per outcome, and the rejected tools with their errors."""
-
-    added: list[str] = field(default_factory=list)
-    updated: list[str] = field(default_factory=list)  # schema changed: version bumped, artefacts stale
-    unchanged: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)  # gone from the server's listing (prune=True only)
-    rejected: list[ToolValidationError] = field(default_factory=list)
-    server: str | None = None
-    renamed: list[tuple[str, str, str | None]] = field(default_factory=list)  # (name, registered as, its owner)
-
-    @property
-    def ok(self) -> bool:
-        return not self.rejected
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "server": self.server,
-            "added": self.added,
-            "updated": self.updated,
-            "unchanged": self.unchanged,
-            "removed": self.removed,
-            "rejected": [e.as_dict() for e in self.rejected],
-            "renamed": [{"name": n, "registered_as": q, "owner": o} for n, q, o in self.renamed],
-        }
-
-
-@dataclass
-class ServerRecord:
-    """A registered server: its name, how to reach it (transport stdio: the shell command that starts it, the
-    folder to start it in, extra environment variables; http / sse: its URL and the headers sent), its tool count."""
-
-    name: str
-    command: str
-    cwd: str | None
-    tool_count: int
-    registered_at: float
-    updated_at: float
-    transport: str = "stdio"
-    url: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-
-    def spec(self):
-        """The registry.transports spec that reaches this server (ServerCommand or RemoteServer)."""
-        from registry.transports import spec_from_record
-
-        return spec_from_record(self.transport, self.command, self.cwd, self.url, self.headers, self.env)
-
-    @property
-    def target(self) -> str:
-        """The command line or the URL, for listings."""
-        return self.command if self.transport == "stdio" else self.url or ""
-
 
 class RegistryStore:
     """The SQLite registry. `path=None` uses `$NEXUS_HOME/registry.sqlite`. Close with `.close()` (idempotent)
@@ -171,7 +45,7 @@ class RegistryStore:
         self._db.execute("PRAGMA synchronous = NORMAL")
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.executescript(SCHEMA)  # idempotent; runs in its own implicit transaction
-        self._migrate()
+        migrate(self._db)
 
     # -- plumbing -------------------------------------------------------------------------------------
     @property
@@ -181,18 +55,7 @@ class RegistryStore:
         return self._db
 
     def _write(self):
-        return _Transaction(self.db)
-
-    def _migrate(self) -> None:
-        """Bring a registry written by an older Nexus to SCHEMA_VERSION in place, keeping every row."""
-        if self.db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
-            return
-        with self._write():
-            have = {r[1] for r in self.db.execute("PRAGMA table_info(servers)")}
-            for column, sql in SERVER_COLUMNS:
-                if column not in have:
-                    self.db.execute(f"ALTER TABLE servers ADD COLUMN {column} {sql}")
-            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        return Transaction(self.db)
 
     def close(self) -> None:
         if self._db is not None:
@@ -340,11 +203,11 @@ class RegistryStore:
             rows = self.db.execute("SELECT data FROM tools ORDER BY name").fetchall()
         else:
             rows = self.db.execute("SELECT data FROM tools WHERE server = ? ORDER BY name", (server,)).fetchall()
-        return [_load(r[0]) for r in rows]
+        return [load_tool(r[0]) for r in rows]
 
     def get_tool(self, name: str) -> Tool | None:
         row = self.db.execute("SELECT data FROM tools WHERE name = ?", (name,)).fetchone()
-        return _load(row[0]) if row else None
+        return load_tool(row[0]) if row else None
 
     def tool_version(self, name: str) -> int | None:
         """The current version number of `name` (1 on first registration), or None."""
@@ -470,36 +333,4 @@ class RegistryStore:
             "WHERE a.schema_hash IS NULL OR a.schema_hash != t.schema_hash ORDER BY t.name",
             (kind,),
         ).fetchall()
-        return [_load(r[0]) for r in rows]
-
-
-class _Transaction:
-    """`BEGIN IMMEDIATE` ... `COMMIT` (or `ROLLBACK` on error) on an autocommit connection."""
-
-    def __init__(self, db: sqlite3.Connection):
-        self.db = db
-
-    def __enter__(self):
-        try:
-            self.db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as e:
-            if "locked" not in str(e) and "busy" not in str(e):
-                raise
-            raise RegistryBusyError(
-                "the registry is locked by another process's write transaction (another `nexus register` or "
-                "`nexus compile`?); nothing was changed: retry when it has finished") from None
-        return self.db
-
-    def __exit__(self, exc_type, exc, tb):
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
-        return False
-
-
-def _load(data: str) -> Tool:
-    """A Tool from its stored JSON, without re-validating (it was validated on the way in)."""
-    d = json.loads(data)
-    return Tool.model_construct(
-        name=d["name"], title=d.get("title"), description=d.get("description") or "",
-        input_schema=d["inputSchema"], output_schema=d.get("outputSchema"), annotations=d.get("annotations"),
-        server=d.get("server"), schema_hash=d["schemaHash"], remote_name=d.get("remoteName"),
-    )
+        return [load_tool(r[0]) for r in rows]

@@ -70,9 +70,9 @@ def load_backend(name: str, model: str | None = None, **options) -> Backend:
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
     template = options.pop("chat_template", None)
-    if template is not None and BACKENDS[name].capabilities.text_only:
-        raise ValueError(f"--chat-template: the {name} backend's server renders its own chat template")
-    if template is not None:
+    if template is not None:  # read (and compiled) before the model is loaded: a bad one fails at once
+        if BACKENDS[name].capabilities.text_only:
+            raise ValueError(f"--chat-template: the {name} backend's server renders its own chat template")
         from native.chat_template import read_template
 
         template = read_template(template)

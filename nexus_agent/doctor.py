@@ -109,7 +109,7 @@ def check_template(backend) -> Check:
     try:
         fmt = probe_call_format(tok)
         tok.encode_chat(as_template_takes(fmt, conversation), tools=[tool] if fmt.template_tools else None)
-    except (ModelError, TypeError, ValueError) as e:
+    except ModelError as e:  # the template's refusal or failure (`chat_template.render`)
         return "chat template", False, str(e)
     how = (f"its tools section; a call is written {fmt.call_text('NAME', {'ARG': 1})!r}" if fmt.template_tools
            else "no tools section: candidates as compressed signatures, calls in Nexus's format")

@@ -127,12 +127,12 @@ def cmd_register(args) -> int:
         )
         for e in report.rejected:
             print(f"  rejected {e}", file=sys.stderr)
-        for line in renamed_lines(report):
+        for line in _renamed_lines(report):
             print(f"  {line}")
     return 0 if report.ok else 3
 
 
-def renamed_lines(report) -> list[str]:
+def _renamed_lines(report) -> list[str]:
     """One line per tool registered under its server's name, as `RegisterReport.renamed` records them."""
     return [f"{name!r} is registered as {qualified!r}: {'server ' + repr(owner) if owner else 'a file'} has a tool "
             f"named {name!r} (its server is still called with {name!r})" for name, qualified, owner in report.renamed]

@@ -62,7 +62,7 @@ def probe_call_format(tokenizer) -> CallFormat:
     for arguments in (_PROBE_ARGS, json.dumps(_PROBE_ARGS)):  # templates differ: an object, or its JSON text
         try:
             text = tokenizer.apply_chat_template(_probe_messages(arguments), False, tools=[tool])
-        except (ModelError, TypeError, ValueError):
+        except ModelError:  # the template's refusal or failure (`chat_template.render`)
             continue
         body = text[len(head):] if text.startswith(head) else ""
         if _NAME not in body or _KEY not in body:  # the tools section above holds them both: not a call
@@ -87,7 +87,7 @@ def _separator(tokenizer, tool, arguments, closer: str, opener: str, start: int)
     when the template cannot say)."""
     try:
         text = tokenizer.apply_chat_template(_probe_messages(arguments, 2), False, tools=[tool])
-    except (ModelError, TypeError, ValueError):
+    except ModelError:  # the template's refusal or failure (`chat_template.render`)
         return "\n"
     first = text.find(opener, start)
     if first < 0 or (key := text.find(_KEY, first)) < 0:

@@ -129,8 +129,7 @@ def respelled(held: list[int], ids: list[int], tb, start: int = 0, window: int =
 
 def reading_prompts(decider: Decider, messages: list[dict], cands: list[Candidate]):
     """The prompts of `readings(messages)` with the candidates `cands` shown, as `decision_prompt` builds them; a
-    reading the model's template refuses (Mistral's: the conversation without its prose no longer alternates) is
-    not read."""
+    reading the model's template refuses in every shape (`chat_template.render`) is not read."""
     for alt in readings(messages):
         try:
             yield decision_prompt(decider, alt, cands)[0]

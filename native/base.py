@@ -78,6 +78,7 @@ class Capabilities:
     can_score_attention: bool = False  # exposes recent queries / attention for score-based eviction
     can_remove_positions: bool = False  # drop arbitrary cached positions (positional eviction)
     can_recompute_kv: bool = False  # recompute_kv rewrites K/V of cached tokens in place (CacheBlend repair)
+    can_read_hidden: bool = False  # sessions have last_hidden(): the final hidden state at the last position
     text_only: bool = False  # no local Session or tokenizer: generate through the backend's text API (HTTP servers)
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from dataclasses import astuple, replace
 
 import llama_cpp
-import llama_cpp._logger
 import numpy as np
 from llama_cpp import llama_cpp as C
 
@@ -29,7 +29,22 @@ from native.model_files import fingerprint, resolve_model
 from native.registry import BACKENDS, list_backends
 from native.tokenizer import tokenizer_from_gguf
 
-llama_cpp._logger.set_verbose(False)  # llama.cpp logs every load step to stderr otherwise
+GGML_LOG_LEVEL_ERROR, GGML_LOG_LEVEL_CONT = 4, 5  # ggml.h's levels (NONE, DEBUG, INFO, WARN, ERROR, CONT)
+_last_level = 0
+
+
+@llama_cpp.llama_log_callback
+def _log_errors(level: int, text: bytes, user_data) -> None:
+    """llama.cpp's log, errors only: it logs every load step, and llama-cpp-python's own filter reads an older
+    numbering of the levels (its "error" is ggml's WARN: "model default pooling_type is [-1]" on every session)."""
+    global _last_level
+    if level != GGML_LOG_LEVEL_CONT:
+        _last_level = level
+    if _last_level == GGML_LOG_LEVEL_ERROR:
+        print(text.decode("utf-8", errors="replace"), end="", flush=True, file=sys.stderr)
+
+
+C.llama_log_set(_log_errors, ctypes.c_void_p(0))
 LIVE, SCRATCH = 0, 1
 # A moved import may differ from a K-shifted one by this many times the K-shift's own error (logits after the
 # import vs the same tokens prefilled at those positions). Measured at 1,000 positions: the two differ by 0.23
@@ -228,6 +243,7 @@ class LlamaCppSession(KVSession):
         # Sliding-window models: keep every layer's cells (the window is a mask), so removing, shifting and
         # exporting positions behind the window work as on any other model.
         cp.swa_full = True
+        cp.pooling_type = C.LLAMA_POOLING_TYPE_NONE  # `last_hidden`: the token's own state, never a pooled one
         self._ctx = C.llama_init_from_model(backend._model, cp)
         if not self._ctx:
             raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens")
@@ -311,6 +327,25 @@ class LlamaCppSession(KVSession):
             return np.ctypeslib.as_array(ptr, shape=(self.backend.n_vocab,)).copy()
         finally:
             C.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
+
+    def last_hidden(self) -> np.ndarray:
+        """The model's final hidden state (after its output norm) at the last position of the live sequence, (d_model,)
+        float32: that position is fed again with llama.cpp's embeddings output on (one decode step; the cache ends
+        as it was)."""
+        p = self.n_past - 1
+        if self._ctx is None or p not in self.tokens:
+            raise BackendError("no last position to read a hidden state at")
+        token = self.tokens[p]
+        self.remove(p, p + 1)
+        C.llama_set_embeddings(self._ctx, True)
+        try:
+            self._decode([token], all_logits=False)
+            ptr = C.llama_get_embeddings_ith(self._ctx, -1)
+            if not ptr:
+                raise BackendError("llama.cpp returned no hidden state")
+            return np.ctypeslib.as_array(ptr, shape=(self.info.d_model,)).copy()
+        finally:
+            C.llama_set_embeddings(self._ctx, False)
 
     # -- KV ranges -------------------------------------------------------------------------------------------
     def export_kv(self, start: int, end: int) -> KVRange:

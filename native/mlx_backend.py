@@ -81,6 +81,20 @@ class MLXSession(KVSession):
     def forward_logits(self, tokens) -> np.ndarray:
         return self._forward(as_token_list(tokens), all_logits=True)
 
+    def last_hidden(self) -> np.ndarray:
+        """The model's final hidden state (after its output norm) at the last position fed, (d_model,) float32: that
+        position is fed again (one decode step; the cache ends as it was)."""
+        p = self.n_past - 1
+        if not self.tokens or int(self.cache.positions[-1]) != p:
+            raise BackendError("no last position to read a hidden state at")
+        token = self.tokens[-1]
+        self.remove(p, p + 1)
+        h = self.backend.model.hidden(mx.array([[token]], dtype=mx.int32), self.n_past, self.cache)[0, -1]
+        mx.eval(h, *self.cache.arrays())
+        self.n_past += 1
+        self.tokens.append(token)
+        return np.array(h.astype(mx.float32))
+
     # -- KV ranges -------------------------------------------------------------------------------------------
     def export_kv(self, start: int, end: int) -> KVRange:
         slots = self.cache.slots_in(start, end)

@@ -34,12 +34,12 @@ BACKENDS: dict[str, BackendSpec] = {
         "native.llamacpp_backend:LlamaCppBackend",
         # no can_recompute_kv: a batch must start at the last position + 1, so cached cells cannot be rewritten;
         # no can_skip_reanchor: shifting positions (llama_memory_seq_add) always re-rotates the keys
-        Capabilities(can_splice=True, can_remove_positions=True),
+        Capabilities(can_splice=True, can_remove_positions=True, can_read_hidden=True),
     ),
     "mlx": BackendSpec(
         "native.mlx_backend:MLXBackend",
         Capabilities(can_splice=True, can_skip_reanchor=True, can_bias_keys=True, can_score_attention=True,
-                     can_remove_positions=True, can_recompute_kv=True),
+                     can_remove_positions=True, can_recompute_kv=True, can_read_hidden=True),
     ),
     # any OpenAI-compatible HTTP server: the server owns the KV cache
     "openai": BackendSpec("native.openai_backend:OpenAIBackend", Capabilities(text_only=True)),

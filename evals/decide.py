@@ -78,6 +78,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "calls; the same and a text answer): p(call) is also read beside the conversation")
     p.add_argument("--name-weight", type=float, default=None, metavar="W",
                    help="the router's weight on candidate names, fixed instead of fitted")
+    p.add_argument("--reading", action="store_true",
+                   help="also fit the call-or-text rule on the model's final hidden state (`DecideProfile.reading`; "
+                        "measurements record it where the backend reads it); README, \"Deciding\", says what it gained "
+                        "held out for the 0.5B Qwen")
     p.add_argument("--max-lost", type=float, default=0.02, help="relevant requests the fitted rule may answer in text")
     p.add_argument("--n-ctx", type=int, default=32768, help="the engine's context (the all-tools variant needs it)")
     p.add_argument("--seed", type=int, default=0)
@@ -113,7 +117,8 @@ def refit(args: argparse.Namespace) -> dict:
                              "res": out["sizes"][s][name]} for s, vs in sizes.items()}
         was = out["profiles"][name]
         profile = calibrate(args, per_size, out, name, was.get("k_sure", 0),
-                             (was.get("splice_err", 0.0), was.get("splice_name_err", 0.0)))
+                             (was.get("splice_err", 0.0), was.get("splice_name_err", 0.0),
+                              (was.get("reading") or {}).get("splice_err")))
         save_decide_profile(out["models"][name]["fingerprint"], profile)
         out["profiles"][name] = dict(vars(profile))
         for s in sizes:
@@ -223,7 +228,8 @@ def run(args: argparse.Namespace) -> dict:
         profile = shipped
         if args.calibrate:
             profile = calibrate(args, per_size, out, name, shipped.k_sure,
-                                 (shipped.splice_err, shipped.splice_name_err))
+                                 (shipped.splice_err, shipped.splice_name_err,
+                                  (shipped.reading or {}).get("splice_err")))
             path = save_decide_profile(engine.backend.info.fingerprint, profile)
             print(f"[decide] {name}: profile ({profile.mode}) saved to {path}")
         out["profiles"][name] = {k: v for k, v in vars(profile).items()}

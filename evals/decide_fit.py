@@ -22,9 +22,15 @@ def apply(profile, m: dict) -> str | None:
     """The decision `profile` makes on a measured item: a tool name, or None for a text answer."""
     if m is None or not m["cands"]:
         return None
-    if profile.call_score(p_read(m), m["top1"], m["margin"], m.get("values", 0)) <= 0 or vetoed(profile, m):
+    if profile.call_score(p_read(m), m["top1"], m["margin"], m.get("values", 0), term(profile, m)) <= 0 \
+            or vetoed(profile, m):
         return None
     return choose_name(profile, m)
+
+
+def term(profile, m: dict) -> float | None:
+    """The hidden-state rule's term on a measured item (None: the profile has no such rule or the item no state)."""
+    return profile.hidden_term(m.get("h"))
 
 
 def choose_name(profile, m: dict) -> str:
@@ -39,13 +45,14 @@ def _name_totals(profile, m: dict) -> list[tuple[float, str]]:
 
 
 def fit(measured: list[tuple[dict, dict]], router_acc: float, max_lost: float, k: int, fit_all: int,
-        name_weight: float | None = None):
+        name_weight: float | None = None, reading: bool = False):
     """The decide profile fitted on (item, measurement) pairs: logistic weights on (logit p_call, top-1, margin, the
     request's value words) with balanced classes, the bias moved so at most `max_lost` of relevant items answer in
     text, the name weight with the best tool accuracy, and mode "router" when the model's decisions score below
     `router_acc`. `name_weight`: the router's weight on names, fixed instead of fitted."""
     import numpy as np
 
+    from evals.decide_reading import fit_reading
     from nexus_agent.turn.profile import DecideProfile
 
     ok = [(it, with_values(it, m)) for it, m in measured if m is not None]
@@ -61,6 +68,7 @@ def fit(measured: list[tuple[dict, dict]], router_acc: float, max_lost: float, k
     prof = DecideProfile(mode="model", k=k, fit_all=fit_all, bias=float(bias), w_model=float(w[1]),
                          w_top1=float(w[2]), w_margin=float(w[3]), w_values=float(w[4]), name_weight=beta,
                          rank_bias=ranks, p_veto=veto_level(ok),
+                         reading=fit_reading(ok, max_lost) if reading else {},
                          source=f"calibrated by nexus eval decide on {len(ok)} items")
     acc = np.mean([apply(prof, m) == it["gold"] for it, m in ok]) if ok else 0.0
     if acc < router_acc:
@@ -79,14 +87,14 @@ def p_read(m: dict) -> float:
 def read_as_decided(profile, m: dict) -> tuple[float, bool]:
     """(p(call), a reading unread) as the decider leaves them on a measured item: the conversation's reading, then
     those beside it in turn until one decides a call (`Decider._call_or_text`)."""
-    p, unread = m["p_call"], False
-    if not profile.calls(p, m["top1"], m["margin"], m.get("values", 0)):
+    p, unread, h = m["p_call"], False, term(profile, m)
+    if not profile.calls(p, m["top1"], m["margin"], m.get("values", 0), hidden=h):
         for q in m.get("p_beside", ()):
             if q is None:
                 unread = True
                 continue
             p = max(p, q)
-            if profile.calls(p, m["top1"], m["margin"], m.get("values", 0)):
+            if profile.calls(p, m["top1"], m["margin"], m.get("values", 0), hidden=h):
                 break
     return p, unread
 
@@ -98,7 +106,7 @@ def splice_near(profile, m: dict) -> str | None:
     if m is None or not m["cands"]:
         return None
     p, unread = read_as_decided(profile, m)
-    if profile.splice_may_flip(p, m["top1"], m["margin"], m.get("values", 0), unread):
+    if profile.splice_may_flip(p, m["top1"], m["margin"], m.get("values", 0), unread, term(profile, m)):
         return "call"
     if not profile.splice_name_err or apply(profile, m) is None:
         return None

@@ -79,7 +79,8 @@ def variant(k: int, k_sure: int = 0, splice: bool = False) -> str:
 
 def measure(engine, req, k: int, fit_all: int, blocks=None, k_sure: int = 0) -> dict:
     """One model pass: p_call (and beside it, `p_beside`: on each of `engine.readings`), every candidate's name
-    log-probability, the router's evidence, timings.
+    log-probability, the router's evidence, the final hidden state at the prompt's end (`h`, None where the backend
+    cannot read it), timings.
 
     Every pass starts from a context holding the prompt's head (system text and tools preamble, which any
     earlier request leaves cached), so text and spliced variants pay for the same tokens. `blocks`: a
@@ -88,14 +89,16 @@ def measure(engine, req, k: int, fit_all: int, blocks=None, k_sure: int = 0) -> 
     from nexus_agent.turn.profile import DecideProfile
 
     dec = engine.decider
-    kept = dec.profile, dec.blocks, dec.all_names  # restored after: the router rows and the timed calls use them
+    kept = dec.profile, dec.blocks, dec.all_names, dec.read_hidden  # restored after: the router rows and the timed
+    # calls use them
     dec.profile = DecideProfile(mode="model", k=k, k_sure=k_sure, fit_all=fit_all, bias=1e6)  # always the names
     dec.blocks = blocks
     dec.all_names = True  # every candidate's log-probability: variants are scored from them offline
+    dec.read_hidden = True  # the final hidden state, where the backend reads it: the hidden-state rule is fitted on it
     try:
         return _measured(engine, req, blocks)
     finally:
-        dec.profile, dec.blocks, dec.all_names = kept
+        dec.profile, dec.blocks, dec.all_names, dec.read_hidden = kept
 
 
 def _measured(engine, req, blocks) -> dict:
@@ -123,7 +126,8 @@ def _measured(engine, req, blocks) -> dict:
               for alt in reading_prompts(engine.decider, req.messages, cands)]
     return {"p_call": d.p_call, "p_beside": beside, "values": d.values, "lps": d.name_logprobs, "cands": d.candidates,
             "scores": d.scores, "top1": d.top1, "margin": d.margin, "prompt_tokens": d.prompt_tokens,
-            "decide_ms": d.decide_ms, "prefill_ms": d.prefill_ms, "spliced": d.spliced, "ms": ms}
+            "decide_ms": d.decide_ms, "prefill_ms": d.prefill_ms, "spliced": d.spliced, "ms": ms,
+            "h": None if d.hidden is None else [round(float(x), 4) for x in d.hidden]}
 
 
 def time_calls(engine, profile, scored, sizes, catalogue, args, out, name) -> None:

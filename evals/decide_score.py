@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from evals.decide_fit import apply, fit, rechecked_pick, splice_reach
 from evals.decide_measure import variant
+from evals.decide_reading import reading_reach
 
 FIT_ALL = 10  # a registry this small is shown whole
 
@@ -91,10 +92,11 @@ def _fidelity(spliced: list, text: list, profile, key: str = "") -> dict:
             f"prefill_speedup_mean{key}": float(np.mean(pt) / np.mean(pf)) if pf else None}
 
 
-def calibrate(args, per_size: dict, out: dict, name: str, k_sure: int = 0, reach: tuple = (0.0, 0.0)):
+def calibrate(args, per_size: dict, out: dict, name: str, k_sure: int = 0, reach: tuple = (0.0, 0.0, None)):
     """Fit the profile on every size's top-k measurements (cross-fitted `nexus` scores per size), return the
     profile fitted on all of them. `k_sure`: the model's current setting, kept unless --calibrate-k-sure says;
-    `reach`: its (splice_err, splice_name_err), measured again where the run spliced (`splice_reach`)."""
+    `reach`: its (splice_err, splice_name_err, the hidden-state rule's splice_err), measured again where the run
+    spliced (`splice_reach`, `decide_reading.reading_reach`)."""
     k, sure = args.calibrate_k, getattr(args, "calibrate_k_sure", None)
     sure = k_sure if sure is None else sure
     key = variant(k, sure)
@@ -109,7 +111,8 @@ def calibrate(args, per_size: dict, out: dict, name: str, k_sure: int = 0, reach
         rows = []
         for half in (0, 1):
             train = [(it, m) for it, m in pooled if _half(it["key"]) != half]
-            prof = fit(train, router_acc, args.max_lost, k, FIT_ALL, getattr(args, "name_weight", None))
+            prof = fit(train, router_acc, args.max_lost, k, FIT_ALL, getattr(args, "name_weight", None),
+                       getattr(args, "reading", False))
             rows += [row(it, m, prof) if prof.mode == "model" else None
                      for it, m in s["meas"][key] if _half(it["key"]) == half]
         if all(r is not None for r in rows):
@@ -117,9 +120,13 @@ def calibrate(args, per_size: dict, out: dict, name: str, k_sure: int = 0, reach
             out["sizes"][str(size)][name]["nexus"] = dict(score(rows), call_ms_p50=timed)
     pairs = [(a, b) for s in per_size.values() for v, ms in s["meas"].items() if v.endswith("-splice")
              for (_, a), (_, b) in zip(ms, s["meas"].get(v.removesuffix("-splice"), []))]
-    err, name_err = splice_reach(pairs) if pairs else reach
-    return replace(fit(pooled, router_acc, args.max_lost, k, FIT_ALL, getattr(args, "name_weight", None)), k_sure=sure,
-                   splice_err=err, splice_name_err=name_err)
+    err, name_err = splice_reach(pairs) if pairs else reach[:2]
+    prof = replace(fit(pooled, router_acc, args.max_lost, k, FIT_ALL, getattr(args, "name_weight", None),
+                       getattr(args, "reading", False)), k_sure=sure, splice_err=err, splice_name_err=name_err)
+    if prof.reading:
+        measured = reading_reach(prof, pairs)
+        prof.reading["splice_err"] = measured if measured is not None else (reach[2] if len(reach) > 2 else None)
+    return prof
 
 
 def _router_acc(per_size: dict) -> float:

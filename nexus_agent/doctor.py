@@ -146,8 +146,13 @@ def check_decide(backend) -> Check:
         spliced = ", spliced from KV blocks" + (
             f" (decided again as text within {p.splice_err:.2f} logit p(call) / {p.splice_name_err:.2f} nats of "
             "another outcome)" if p.splice_err or p.splice_name_err else "")
+    state = ""
+    if p.mode == "model" and p.reading:
+        state = (f"; call or text read from the model's final hidden state ({len(p.reading['w_hidden'])} weights)"
+                 if backend.capabilities.can_read_hidden
+                 else "; this backend cannot read the model's hidden state: p(call) and the router decide")
     who = (f"the model decides among the router's top {p.k}{sure} (all tools up to {p.fit_all}), shown in {shown}"
-           f"{spliced}" if p.mode == "model" else "the router's pick stands (the model fills the arguments)" + (
+           f"{spliced}{state}" if p.mode == "model" else "the router's pick stands (the model fills the arguments)" + (
                f"; a request that names no value needs a top-1 score of {p.no_value_floor:.2f}"
                if p.no_value_floor else ""))
     return "decide", True, f"{who}; setting: {p.source}"

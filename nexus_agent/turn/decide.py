@@ -9,7 +9,11 @@ One pass over one live context, in the call format of the model's own template (
    per-model logistic setting (`profile.DecideProfile.call_score`), with whether the request names a value
    (`request_values`: a call takes values from the request; "Bonjour, comment ça va ?" names none, "the weather
    in Paris" one); where the model is all but sure not to call (p_call below the profile's `p_veto` on every
-   reading) the answer is text whatever the router says. `tool_choice` overrides it.
+   reading) the answer is text whatever the router says. Where the profile has a hidden-state rule
+   (`DecideProfile.reading`) and the backend can read the model's final hidden state at the prompt's end (a
+   session's `last_hidden`: llama.cpp, MLX), a linear reading of that state joins the score: the model's whole
+   state says more about "is this a request for one of these tools" than the probability of the call token.
+   `tool_choice` overrides it.
 3. A call: the opener is fed, then the name: each candidate's name is scored by the model (its log-probability,
    teacher-forced) plus the router's score times the profile's `name_weight` (the fusion is calibrated per
    model), and the best one is fed; then the arguments under that tool's schema by the caller's argument
@@ -92,6 +96,8 @@ class Decision:
     call_ms: float = 0.0
     name_logprobs: dict = field(default_factory=dict)
     drafts: list = field(default_factory=list)  # per call begun in place: (tokens drafts fed ahead, kept)
+    hidden_term: float | None = None  # the hidden-state rule's term (`DecideProfile.reading`), None: not used
+    hidden: object = field(default=None, repr=False)  # the final hidden state it was read from (not traced)
     vetoed: bool = False  # the score said call, the model's own p(call) on every reading was below `p_veto`
     rechecked: list = field(default_factory=list)  # "call" / "name": decided again on the prompt as text, the
     # spliced prompt's reading being within the splice's reach of the other outcome (`DecideProfile.splice_err`)
@@ -102,6 +108,7 @@ class Decision:
         return {"kind": self.kind, "how": self.how, "calls": [c.name for c in self.calls],
                 "p_call": None if self.p_call is None else round(self.p_call, 4), "reading": self.reading,
                 "score": None if self.score is None else round(self.score, 3), "values": self.values,
+                "hidden_term": None if self.hidden_term is None else round(self.hidden_term, 3),
                 "vetoed": self.vetoed, "rechecked": self.rechecked, "repeated": self.repeated,
                 "candidates": self.candidates, "scores": [round(x, 4) for x in self.scores],
                 "top1": round(self.top1, 4), "margin": round(self.margin, 4),
@@ -156,6 +163,7 @@ class Decider:
         self.stray = np.array(sorted(set(self.tok.special_ids) - set(self.tok.eos_ids) - set(self.opener[:1])),
                               dtype=np.int64)
         self.all_names = False  # score every candidate's name, not only those that might win (`_name`)
+        self.read_hidden = False  # read the final hidden state at every decision (the decide eval records it)
 
     # -- the prompt ---------------------------------------------------------------------------------------
     def prompt(self, messages: list[dict], candidates: list[Candidate]) -> tuple[list[int], list[tuple[int, int]]]:
@@ -248,7 +256,7 @@ class Decider:
             d.kind, d.how = "call", "tool_choice"
         else:
             unread = self._call_or_text(d, live, ids, logits, request, beside)
-            if approx and self.profile.splice_may_flip(d.p_call, top1, margin, d.values, unread):
+            if approx and self.profile.splice_may_flip(d.p_call, top1, margin, d.values, unread, d.hidden_term):
                 d.rechecked.append("call")
                 logits = as_text(ids)
                 self._call_or_text(d, live, ids, logits, request, beside)
@@ -303,8 +311,10 @@ class Decider:
         model's "no" is then not known to hold: no veto)."""
         prof = self.profile
         d.p_call, d.values, d.reading = self.p_call(logits), request_values(request), 0
+        d.hidden = self.last_hidden(live) if prof.reading or self.read_hidden else None
+        h = d.hidden_term = prof.hidden_term(d.hidden)
         unread = False
-        calls = prof.calls(d.p_call, d.top1, d.margin, d.values)
+        calls = prof.calls(d.p_call, d.top1, d.margin, d.values, hidden=h)
         for k, alt in enumerate(beside() if beside is not None and not calls else (), 1):
             p = self.p_call_beside(live, ids, alt)
             if p is None:
@@ -312,12 +322,26 @@ class Decider:
                 continue
             if p > d.p_call:
                 d.p_call, d.reading = p, k
-            if prof.calls(d.p_call, d.top1, d.margin, d.values):
+            if prof.calls(d.p_call, d.top1, d.margin, d.values, hidden=h):
                 break
-        d.score = prof.call_score(d.p_call, d.top1, d.margin, d.values)
-        d.kind = "call" if prof.calls(d.p_call, d.top1, d.margin, d.values, unread) else "text"
+        d.score = prof.call_score(d.p_call, d.top1, d.margin, d.values, h)
+        d.kind = "call" if prof.calls(d.p_call, d.top1, d.margin, d.values, unread, h) else "text"
         d.vetoed = d.score > 0 and d.kind == "text"
         return unread
+
+    @staticmethod
+    def last_hidden(live):
+        """The model's final hidden state at the end of `live`'s context (a session's `last_hidden`: llama.cpp,
+        MLX), None where the backend cannot read it or the context evicts."""
+        from native.base import BackendError
+
+        read = getattr(live.session, "last_hidden", None)
+        if read is None or live.manager is not None:
+            return None
+        try:
+            return read()
+        except BackendError:
+            return None
 
     def p_call_beside(self, live, ids: list[int], alt: list[int]) -> float | None:
         """p_call after `alt`, read on the backend's scratch sequence from the prefix it shares with `ids` (which

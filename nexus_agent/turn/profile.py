@@ -18,6 +18,7 @@ from registry.home import model_profile_path, read_model_profile, update_model_p
 
 MODES = ("model", "router")
 _DEFAULTS = Path(__file__).with_name("decide_defaults.json")
+READING_KEYS = ("bias", "w_model", "w_top1", "w_margin", "w_values", "w_hidden", "splice_err")
 NO_VALUE_FLOOR = 0.30  # router mode's floor for a request that names no value (README, "Deciding": stop 60)
 
 
@@ -40,8 +41,12 @@ class DecideProfile:
     (measured by `nexus eval decide --splice`): a spliced decision within that reach of the other outcome is made
     again on the prompt as text (0: never); no_value_floor: in router mode, the router's top-1 score a request that
     names no value (`request_parts.request_values`) needs for a call, beside the gate's own floor (0: the gate
-    alone); source: where the numbers come from (default | calibrated: how, when); metrics: what the calibration
-    measured."""
+    alone); reading: a second call-or-text rule for where the model's final hidden state at the prompt's end can be
+    read (a session's `last_hidden`: llama.cpp, MLX): {"bias", "w_model", "w_top1", "w_margin", "w_values": as
+    above, "w_hidden": weights on that state scaled to unit length (the rule adds their dot product),
+    "splice_err": its reach in score on a spliced prompt, None if not measured}, {} for none (the rule above
+    decides); source: where the numbers come from (default |
+    calibrated: how, when); metrics: what the calibration measured."""
 
     mode: str = "model"
     k: int = 5
@@ -59,6 +64,7 @@ class DecideProfile:
     splice_err: float = 0.0
     splice_name_err: float = 0.0
     no_value_floor: float = 0.0
+    reading: dict = field(default_factory=dict)
     source: str = "default"
     metrics: dict = field(default_factory=dict)
 
@@ -73,25 +79,51 @@ class DecideProfile:
         if self.k < 1 or self.k_sure < 0 or self.fit_all < 0:
             raise ValueError(f"k must be >= 1, k_sure and fit_all >= 0, got k={self.k}, k_sure={self.k_sure}, "
                              f"fit_all={self.fit_all}")
+        missing = set(READING_KEYS) - set(self.reading)
+        if self.reading and missing:
+            raise ValueError(f"the hidden-state reading lacks {', '.join(sorted(missing))}")
 
     def shown(self, path: str) -> int:
         """How many candidates the model sees for a router decision on `path`."""
         return self.k_sure if path == "auto" and self.k_sure else self.k
 
-    def call_score(self, p_call: float, top1: float, margin: float, values: int = 0) -> float:
-        """> 0: call a tool; the logistic model's log-odds."""
-        p = min(max(p_call, 1e-9), 1 - 1e-9)
-        return (self.bias + self.w_model * math.log(p / (1 - p)) + self.w_top1 * top1 + self.w_margin * margin
-                + self.w_values * values)
+    def hidden_term(self, hidden) -> float | None:
+        """The hidden-state rule's term for `hidden` (the final hidden state at the prompt's end), None where the
+        profile has no such rule, no state was read, or the state is another model's size."""
+        if not self.reading or hidden is None:
+            return None
+        import numpy as np
 
-    def calls(self, p_call: float, top1: float, margin: float, values: int = 0, unread: bool = False) -> bool:
+        h = np.asarray(hidden, dtype=np.float64)
+        w = np.asarray(self.reading["w_hidden"], dtype=np.float64)
+        n = float(np.linalg.norm(h))
+        return float(h @ w / n) if h.shape == w.shape and n > 0 else None
+
+    def call_score(self, p_call: float, top1: float, margin: float, values: int = 0,
+                   hidden: float | None = None) -> float:
+        """> 0: call a tool; the logistic model's log-odds. `hidden`: `hidden_term` of the prompt's state, which
+        selects the hidden-state rule (`reading`)."""
+        p = min(max(p_call, 1e-9), 1 - 1e-9)
+        r = self.reading if hidden is not None and self.reading else None
+        w = r or {"bias": self.bias, "w_model": self.w_model, "w_top1": self.w_top1, "w_margin": self.w_margin,
+                  "w_values": self.w_values}
+        return (w["bias"] + w["w_model"] * math.log(p / (1 - p)) + w["w_top1"] * top1 + w["w_margin"] * margin
+                + w["w_values"] * values + (hidden if r else 0.0))
+
+    def calls(self, p_call: float, top1: float, margin: float, values: int = 0, unread: bool = False,
+              hidden: float | None = None) -> bool:
         """Call or text, as the decider decides on the largest reading's p(call): the score, then the veto (which an
         unread reading beside lifts)."""
-        return self.call_score(p_call, top1, margin, values) > 0 and (p_call >= self.p_veto or unread)
+        return self.call_score(p_call, top1, margin, values, hidden) > 0 and (p_call >= self.p_veto or unread)
 
     def splice_may_flip(self, p_call: float, top1: float, margin: float, values: int = 0,
-                        unread: bool = False) -> bool:
-        """Whether p(call) read on a spliced prompt is within `splice_err` (in logit) of deciding the other way."""
+                        unread: bool = False, hidden: float | None = None) -> bool:
+        """Whether a reading on a spliced prompt is within the splice's reach of deciding the other way: p(call)
+        within `splice_err` (in logit), or with the hidden-state rule, its score within that rule's `splice_err`."""
+        if hidden is not None and self.reading:
+            err = self.reading["splice_err"]  # None: not measured, every spliced decision is made again as text
+            score = self.call_score(p_call, top1, margin, values, hidden)
+            return (err is None or abs(score) <= err) and (p_call >= self.p_veto or unread)
         if not self.splice_err:
             return False
         p = min(max(p_call, 1e-9), 1 - 1e-9)

@@ -293,3 +293,52 @@ def test_the_figure_has_a_panel_per_model_and_marks_an_overflowed_variant():
     lines = {(tuple(ln.get_xdata()), tuple(ln.get_ydata()), ln.get_marker()) for ln in panels[0].get_lines()}
     assert ((10,), (0.6,), "D") in lines and ((250,), (0.0,), "x") in lines  # all: measured at 10, overflowed at 250
     assert ((10, 250), (0.8, 0.75), "o") in lines and len(panels[1].get_lines()) == 1
+
+
+def _stated(kind: str, h, p_call: float, gold=None, key: str = "") -> tuple[dict, dict]:
+    it, m = _measured(kind, p_call, {"a": -0.1, "b": -3.0}, gold)
+    return dict(it, key=it["key"] + key), dict(m, h=[float(x) for x in h], values=0)
+
+
+def test_the_hidden_state_rule_reads_what_p_call_misses():
+    """Calls and conversational turns whose p(call) and router evidence are drawn alike, told apart only by a
+    direction of the model's state: the fitted hidden-state rule decides fresh items of both right where the
+    profile's own rule cannot, loses no more than a few relevant ones, and is used only for items with a state
+    (a backend that cannot read it keeps the profile's own rule)."""
+    import numpy as np
+
+    from evals.decide_reading import MIN_ITEMS, fit_reading, reading_reach
+
+    rng = np.random.default_rng(7)
+    base, u = rng.normal(size=24) * 3, np.eye(24)[0]
+
+    def draw(n, tag):
+        rows = []
+        for i in range(n):
+            rel = i % 2 == 0
+            h = base + (2.0 if rel else -2.0) * u + rng.normal(size=24)
+            rows.append(_stated("relevant" if rel else "chat", h, float(rng.uniform(0.2, 0.8)),
+                                "a" if rel else None, f"{tag}{i}"))
+        return rows
+
+    train, fresh = draw(120, "t"), draw(200, "f")
+    prof = fit(train, router_acc=0.5, max_lost=0.02, k=2, fit_all=0, reading=True)
+    assert not fit(train, router_acc=0.5, max_lost=0.02, k=2, fit_all=0).reading  # only when asked
+    assert prof.reading and len(prof.reading["w_hidden"]) == 24 and prof.reading["splice_err"] is None
+    right = np.mean([apply(prof, m) == it["gold"] for it, m in fresh])
+    lost = np.mean([apply(prof, m) is None for it, m in fresh if it["kind"] == "relevant"])
+    own = np.mean([apply(prof, dict(m, h=None)) == it["gold"] for it, m in fresh])  # no state: the own rule
+    assert right >= 0.9 and lost <= 0.06 and own <= 0.7, (right, lost, own)
+    assert prof.hidden_term(np.r_[fresh[0][1]["h"], 0.0]) is None  # another model's size: no term
+    assert prof.hidden_term(np.asarray(fresh[0][1]["h"]) * 3) == pytest.approx(prof.hidden_term(fresh[0][1]["h"]))
+
+    # its splice reach: the largest score distance between a spliced and a text state of the same prompt
+    (_, t), (_, s) = fresh[0], fresh[0]
+    s = dict(t, h=list(np.asarray(t["h"]) + 0.5 * u))
+    gap = abs(prof.call_score(0.5, 0.5, 0.1, 0, prof.hidden_term(s["h"]))
+              - prof.call_score(0.5, 0.5, 0.1, 0, prof.hidden_term(t["h"])))
+    assert reading_reach(prof, [(dict(s, p_call=0.5), dict(t, p_call=0.5))], slack=1.0) == pytest.approx(gap)
+    assert reading_reach(prof, [(dict(s, h=None), t)]) is None
+    assert fit_reading(train[: 2 * MIN_ITEMS - 2], 0.0) == {}  # too few of a class: no rule
+    with pytest.raises(ValueError, match="w_hidden"):
+        DecideProfile(reading={"bias": 0.0})

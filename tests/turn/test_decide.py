@@ -718,3 +718,58 @@ def test_no_value_restates_its_schema(qwen_backends, tool, tmp_path):
     assert not any(_restates(v, props[k]) for k, v in args.items()), args
     if tool.startswith("DB2"):  # a parameter of no type: the values the request writes, as strings
         assert args == {"dataSource": "db2DataSource", "monitor": "dbMonitor", "reference": "USERSPACE1"}, args
+
+
+@pytest.mark.parametrize("name", ["llamacpp", "mlx"])
+def test_the_hidden_state_rule_decides_where_the_state_is_read(qwen_backends, router, name):
+    """A profile with a hidden-state rule (`DecideProfile.reading`) reads the model's final state at the prompt's end
+    and decides by that rule: bias -50 answers "Add 12 and 30" in text where the profile's own rule calls, +50 calls
+    for "Thanks, that's all I needed."; a profile without one reads no state."""
+    backend = qwen_backends(name)
+    live = LiveContext(backend, None, 4096)
+    rng = np.random.default_rng(0)
+    w = list(rng.normal(size=backend.info.d_model))
+    reading = {"bias": -50.0, "w_model": 0.0, "w_top1": 0.0, "w_margin": 0.0, "w_values": 0.0, "w_hidden": w,
+               "splice_err": 0.0}
+
+    def run(profile, text):
+        return decide_turn(Decider(backend, profile), router, TOOLS, [{"role": "user", "content": text}],
+                           lambda ids: live, 4096).decision
+
+    try:
+        own = DecideProfile(mode="model", bias=5.0, w_model=0.0)
+        d = run(own, "Add 12 and 30")
+        assert d.kind == "call" and d.hidden is None and d.hidden_term is None
+        d = run(DecideProfile(mode="model", bias=5.0, w_model=0.0, reading=reading), "Add 12 and 30")
+        assert d.kind == "text" and d.hidden.shape == (backend.info.d_model,)
+        assert d.hidden_term == pytest.approx(float(np.dot(d.hidden, w) / np.linalg.norm(d.hidden)))
+        assert d.as_dict()["hidden_term"] == round(d.hidden_term, 3) and d.score < 0
+        thanks = "Thanks, that's all I needed."
+        d = run(DecideProfile(mode="model", bias=-5.0, reading=dict(reading, bias=50.0)), thanks)
+        assert d.kind == "call" and d.p_call < 0.5
+    finally:
+        live.close()
+
+
+def test_last_hidden_is_the_state_both_backends_read_and_the_context_goes_on_as_before(qwen_backends):
+    """`last_hidden` feeds the last position again with the final state as output: llama.cpp's and MLX's states of
+    the same prompt point the same way, MLX's logits from its state are the prompt's logits, and a context that read
+    it goes on as one that did not."""
+    import mlx.core as mx
+
+    lc, mlx = qwen_backends("llamacpp"), qwen_backends("mlx")
+    ids = lc.tokenizer.encode("<|im_start|>user\nAdd 12 and 30<|im_end|>\n<|im_start|>assistant\n", special=True)
+    states, logits = {}, {}
+    for name, backend in (("llamacpp", lc), ("mlx", mlx)):
+        with backend.new_session(512) as s:
+            logits[name] = s.prefill(ids)
+            states[name] = s.last_hidden()
+            assert s.n_past == len(ids)
+            after = s.decode(int(np.argmax(logits[name])))
+        with backend.new_session(512) as ref:
+            ref.prefill(ids)
+            assert kl(ref.decode(int(np.argmax(logits[name]))), after) < 1e-3, name
+    a, b = states["llamacpp"], states["mlx"]
+    assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.99
+    again = np.array(mlx.model.logits(mx.array(b)[None, None])[0, 0].astype(mx.float32))
+    assert np.abs(again - logits["mlx"]).max() < 1e-2 * np.abs(logits["mlx"]).max()

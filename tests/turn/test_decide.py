@@ -538,7 +538,8 @@ def test_a_matrix_the_request_writes_is_copied_whole_in_place(qwen_backends, tmp
     assert 0 < kept <= fed and d.as_dict()["drafts"][0] == [fed, kept], d.drafts
     e = d.as_dict()  # the trace's decide event carries the router's evidence: its score is recomputed from it
     assert len(e["scores"]) == len(e["candidates"]) == len(d.candidates) > 0, e
-    assert abs(profile.call_score(d.p_call, e["top1"], e["margin"], e["values"]) - e["score"]) < 0.01, e
+    score = profile.call_score(d.p_call, e["top1"], e["margin"], e["values"], e["hidden_term"])
+    assert abs(score - e["score"]) < 0.01, e  # the hidden-state rule's term is in the event too
 
 
 def test_respelled_keeps_the_tokens_the_context_holds_for_the_same_text(qwen_backends):

@@ -45,8 +45,8 @@ class DecideProfile:
     read (a session's `last_hidden`: llama.cpp, MLX): {"bias", "w_model", "w_top1", "w_margin", "w_values": as
     above, "w_hidden": weights on that state scaled to unit length (the rule adds their dot product),
     "splice_err": its reach in score on a spliced prompt, None if not measured}, {} for none (the rule above
-    decides); source: where the numbers come from (default |
-    calibrated: how, when); metrics: what the calibration measured."""
+    decides); source: where the numbers come from (default | calibrated: how, when); metrics: what the calibration
+    measured."""
 
     mode: str = "model"
     k: int = 5

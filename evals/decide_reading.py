@@ -8,10 +8,10 @@ text measurements of the same prompts.
 
 Why: the model's p(call) is one direction of its state. Fitted on 320 public requests and the turns of
 `evals/data/chat_train.jsonl`, held out on two other samples at 250 tools (Qwen2.5-Coder-0.5B; the penalty and the
-cut were chosen on them among 3 x 3), the reading sent
-91.7 and 94.4 % of conversational turns to text where the rule without it sent 80.6 and 83.3 %, losing 2.8 % of
-relevant requests (none without it); irrelevant prompts moved little (README, "Deciding"). With a penalty of 1
-its 896 weights learnt the requests they were fitted on and gained nothing held out: hence the strong penalty."""
+cut were chosen on them among 3 x 3), the reading sent 91.7 and 94.4 % of conversational turns to text where the
+rule without it sent 80.6 and 83.3 %, losing 2.8 % of relevant requests (none without it); irrelevant prompts moved
+little (README, "Deciding"). With a penalty of 1 its 896 weights learnt the requests they were fitted on and gained
+nothing held out: hence the strong penalty."""
 
 from __future__ import annotations
 

@@ -49,16 +49,17 @@ def fit(measured: list[tuple[dict, dict]], router_acc: float, max_lost: float, k
     """The decide profile fitted on (item, measurement) pairs: logistic weights on (logit p_call, top-1, margin, the
     request's value words) with balanced classes, the bias moved so at most `max_lost` of relevant items answer in
     text, the name weight with the best tool accuracy, and mode "router" when the model's decisions score below
-    `router_acc`. `name_weight`: the router's weight on names, fixed instead of fitted."""
+    `router_acc`. `name_weight`: the router's weight on names, fixed instead of fitted; `reading`: also the
+    hidden-state rule (`decide_reading.fit_reading`) on the items that hold a state."""
     import numpy as np
 
     from evals.decide_reading import fit_reading
     from nexus_agent.turn.profile import DecideProfile
 
     ok = [(it, with_values(it, m)) for it, m in measured if m is not None]
-    x = np.array([[_logit(p_read(m)), m["top1"], m["margin"], m["values"]] for _, m in ok])
+    x = np.array([[logit(p_read(m)), m["top1"], m["margin"], m["values"]] for _, m in ok])
     y = np.array([it["kind"] == "relevant" for it, _ in ok], dtype=float)
-    w = _logistic(x, y)
+    w = logistic(x, y)
     z = x @ w[1:]
     rel = np.sort(z[y == 1])
     cut = rel[int(math.floor(max_lost * len(rel)))] if len(rel) else 0.0
@@ -139,7 +140,7 @@ def splice_reach(pairs: list[tuple[dict, dict]], slack: float = SPLICE_SLACK) ->
             continue
         for p, q in zip([a["p_call"], *a.get("p_beside", ())], [b["p_call"], *b.get("p_beside", ())]):
             if p is not None and q is not None:
-                err = max(err, abs(_logit(p) - _logit(q)))
+                err = max(err, abs(logit(p) - logit(q)))
         top = max(b["lps"].values(), default=0.0)
         d = [a["lps"][n] - lp for n, lp in b["lps"].items() if n in a["lps"] and lp >= top - NAME_SPAN]
         if len(d) > 1:
@@ -203,23 +204,27 @@ def _fit_names(rel: list, k: int, betas=BETAS, passes: int = 2) -> tuple[float, 
     return float(beta), [0.0] + [float(off)] * (k - 1)
 
 
-def _logit(p: float) -> float:
+def logit(p: float) -> float:
     p = min(max(p, 1e-9), 1 - 1e-9)
     return math.log(p / (1 - p))
 
 
-def _logistic(x, y, steps: int = 200, l2: float = 1e-2):
-    """Weights [b, w...] of a class-balanced L2 logistic regression (Newton's method)."""
+def logistic(x, y, steps: int = 200, l2: float = 1e-2, standardize: bool = True):
+    """Weights [b, w...] of a class-balanced L2 logistic regression (Newton's method; the bias is not penalised),
+    on the raw features' scale. `standardize`: each feature scaled to unit variance first, so the penalty weighs
+    them alike (off: the caller has put them on one scale, `decide_reading.features`)."""
     import numpy as np
 
-    mu, sd = x.mean(0), x.std(0) + 1e-9
+    mu, sd = (x.mean(0), x.std(0) + 1e-9) if standardize else (np.zeros(x.shape[1]), np.ones(x.shape[1]))
     xs = np.c_[np.ones(len(x)), (x - mu) / sd]
     cw = np.where(y == 1, 0.5 / max(y.mean(), 1e-9), 0.5 / max(1 - y.mean(), 1e-9))
+    pen = np.full(xs.shape[1], l2)
+    pen[0] = 0.0
     w = np.zeros(xs.shape[1])
     for _ in range(steps):
-        p = 1 / (1 + np.exp(-xs @ w))
-        g = xs.T @ (cw * (p - y)) + l2 * w
-        h = (xs * (cw * p * (1 - p))[:, None]).T @ xs + l2 * np.eye(len(w))
+        p = 1 / (1 + np.exp(-np.clip(xs @ w, -50, 50)))
+        g = xs.T @ (cw * (p - y)) + pen * w
+        h = (xs * (cw * p * (1 - p))[:, None]).T @ xs + np.diag(pen) + 1e-9 * np.eye(len(w))
         step = np.linalg.solve(h, g)
         w -= step
         if np.abs(step).max() < 1e-8:

@@ -89,8 +89,7 @@ def measure(engine, req, k: int, fit_all: int, blocks=None, k_sure: int = 0) -> 
     from nexus_agent.turn.profile import DecideProfile
 
     dec = engine.decider
-    kept = dec.profile, dec.blocks, dec.all_names, dec.read_hidden  # restored after: the router rows and the timed
-    # calls use them
+    kept = dec.profile, dec.blocks, dec.all_names, dec.read_hidden  # restored: the router rows and timed calls use them
     dec.profile = DecideProfile(mode="model", k=k, k_sure=k_sure, fit_all=fit_all, bias=1e6)  # always the names
     dec.blocks = blocks
     dec.all_names = True  # every candidate's log-probability: variants are scored from them offline

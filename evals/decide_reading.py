@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 
-from evals.decide_fit import SPLICE_SLACK, _logit, p_read
+from evals.decide_fit import SPLICE_SLACK, logistic, logit, p_read
 
 HIDDEN_SCALE = 10.0  # the unit-length state times this: its weights are penalised on the scale the others are
 L2 = 100.0  # the penalty on every weight but the bias (sum of balanced log-losses + L2 / 2 * |w|^2)
@@ -33,27 +33,11 @@ def features(m: dict):
     h = np.asarray(m["h"], dtype=np.float64)
     n = np.linalg.norm(h)
     return np.r_[h / (n if n > 0 else 1.0) * HIDDEN_SCALE,
-                 _logit(p_read(m)), m["top1"], m["margin"], m.get("values", 0)]
+                 logit(p_read(m)), m["top1"], m["margin"], m.get("values", 0)]
 
 
-def _fit(x, y, l2: float = L2, steps: int = 50):
-    """[bias, w...] of the class-balanced L2 logistic regression (Newton's method; the bias is not penalised)."""
-    import numpy as np
-
-    xs = np.c_[np.ones(len(x)), x]
-    cw = np.where(y == 1, 0.5 / max(y.mean(), 1e-9), 0.5 / max(1 - y.mean(), 1e-9))
-    pen = np.full(xs.shape[1], l2)
-    pen[0] = 0.0
-    w = np.zeros(xs.shape[1])
-    for _ in range(steps):
-        p = 1 / (1 + np.exp(-np.clip(xs @ w, -50, 50)))
-        g = xs.T @ (cw * (p - y)) + pen * w
-        hess = (xs * (cw * p * (1 - p))[:, None]).T @ xs + np.diag(pen) + 1e-9 * np.eye(len(w))
-        step = np.linalg.solve(hess, g)
-        w -= step
-        if np.abs(step).max() < 1e-8:
-            break
-    return w
+def _fit(x, y):
+    return logistic(x, y, steps=50, l2=L2, standardize=False)
 
 
 def _fold(key: str) -> int:
